@@ -1,0 +1,136 @@
+"""The cluster a process belongs to, read from ``TF_CONFIG`` (pure Python).
+
+``TF_CONFIG`` is TensorFlow's own JSON description of a cluster::
+
+    {"cluster": {"chief": ["h0:2222"], "worker": ["h1:2222"], "ps": ["h2:2222"]},
+     "task": {"type": "worker", "index": 0}}
+
+This module parses and validates it up front so that a bad value fails with a
+message naming TF_CONFIG instead of hanging inside the gRPC runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+
+from hybridpar.config import did_you_mean
+from hybridpar.errors import ConfigError
+
+JOB_TYPES = ("chief", "worker", "ps", "evaluator")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterInfo:
+    """A validated ``TF_CONFIG``.
+
+    Attributes:
+        jobs: job name -> task addresses.
+        task_type: this process's job.
+        task_index: this process's index in its job.
+    """
+
+    jobs: Mapping[str, tuple[str, ...]]
+    task_type: str
+    task_index: int
+
+    @property
+    def num_workers(self) -> int:
+        """Tasks that train: the chief plus the workers."""
+        return len(self.jobs.get("chief", ())) + len(self.jobs.get("worker", ()))
+
+    @property
+    def num_ps(self) -> int:
+        """Parameter-server tasks."""
+        return len(self.jobs.get("ps", ()))
+
+    @property
+    def is_chief(self) -> bool:
+        """True for the chief task, or worker 0 when the cluster has no chief."""
+        if "chief" in self.jobs:
+            return self.task_type == "chief"
+        return self.task_type == "worker" and self.task_index == 0
+
+    @property
+    def is_multi_task(self) -> bool:
+        """True when the cluster has more than one task."""
+        return sum(len(tasks) for tasks in self.jobs.values()) > 1
+
+
+def parse_tf_config(text: str | None) -> ClusterInfo | None:
+    """Parses and validates a ``TF_CONFIG`` value.
+
+    Args:
+        text: the JSON text, or ``None``/empty when TF_CONFIG is unset.
+
+    Returns:
+        The cluster, or ``None`` when TF_CONFIG is unset or names no cluster.
+
+    Raises:
+        ConfigError: naming TF_CONFIG, what was received and how to fix it.
+    """
+    if text is None or not text.strip():
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(
+            f"TF_CONFIG is not valid JSON ({err.msg} at line {err.lineno} column "
+            f"{err.colno}). Received: TF_CONFIG={text!r}. Expected e.g. "
+            '{"cluster": {"worker": ["localhost:2222", "localhost:2223"]}, '
+            '"task": {"type": "worker", "index": 0}}.'
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"TF_CONFIG must be a JSON object. Received: TF_CONFIG={text!r}.")
+    cluster = data.get("cluster") or {}
+    if not cluster:
+        return None
+    if not isinstance(cluster, dict):
+        raise ConfigError(
+            f"TF_CONFIG 'cluster' must map job names to address lists. Received: {cluster!r}."
+        )
+    jobs: dict[str, tuple[str, ...]] = {}
+    for job, tasks in cluster.items():
+        if job not in JOB_TYPES:
+            raise ConfigError(
+                f"TF_CONFIG names an unknown job type {job!r}.{did_you_mean(job, JOB_TYPES)} "
+                f"Valid job types: {', '.join(JOB_TYPES)}."
+            )
+        if isinstance(tasks, dict):
+            tasks = [tasks[k] for k in sorted(tasks, key=int)]
+        if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
+            raise ConfigError(
+                f"TF_CONFIG cluster[{job!r}] must be a list of 'host:port' strings. "
+                f"Received: {tasks!r}."
+            )
+        jobs[job] = tuple(tasks)
+    if len(jobs.get("chief", ())) > 1:
+        raise ConfigError(
+            f"TF_CONFIG lists {len(jobs['chief'])} chiefs; a cluster has at most one. "
+            f"Received: chief={list(jobs['chief'])}. Make the others workers."
+        )
+    task = data.get("task") or {}
+    task_type, task_index = task.get("type"), task.get("index", 0)
+    if task_type not in jobs:
+        raise ConfigError(
+            f"TF_CONFIG task type {task_type!r} is not a job of the cluster "
+            f"({', '.join(jobs)}). Set task.type to one of them."
+        )
+    if isinstance(task_index, bool) or not isinstance(task_index, int):
+        raise ConfigError(
+            f"TF_CONFIG task index must be an integer. Received: index={task_index!r}."
+        )
+    if not 0 <= task_index < len(jobs[task_type]):
+        raise ConfigError(
+            f"TF_CONFIG task index {task_index} is out of range for job {task_type!r} "
+            f"with {len(jobs[task_type])} task(s) (valid: 0..{len(jobs[task_type]) - 1})."
+        )
+    return ClusterInfo(jobs=jobs, task_type=task_type, task_index=task_index)
+
+
+def cluster_from_env(environ: Mapping[str, str] | None = None) -> ClusterInfo | None:
+    """Reads the cluster from ``TF_CONFIG`` in ``environ`` (default: os.environ)."""
+    environ = os.environ if environ is None else environ
+    return parse_tf_config(environ.get("TF_CONFIG"))

@@ -1,0 +1,207 @@
+"""Builds the tf.distribute strategy a config asks for; ``scope()`` and ``current()``."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+
+from hybridpar import keras_compat
+from hybridpar.cluster import ClusterInfo, cluster_from_env
+from hybridpar.config import StrategyConfig
+from hybridpar.devices import device_kind
+from hybridpar.errors import ConfigError
+from hybridpar.plan import Plan, make_plan
+
+logger = logging.getLogger("hybridpar")
+
+
+class HybridStrategy:
+    """The strategy hybridpar built for one config.
+
+    Attributes:
+        config: the config it was built from.
+        plan: mode, device mesh and worker count, checked against the runtime.
+        strategy: the ``tf.distribute.Strategy`` in use.
+        cluster: the TF_CONFIG cluster, or ``None`` for a single process.
+    """
+
+    def __init__(
+        self,
+        config: StrategyConfig,
+        plan: Plan,
+        strategy: tf.distribute.Strategy,
+        cluster: ClusterInfo | None = None,
+    ) -> None:
+        self.config = config
+        self.plan = plan
+        self.strategy = strategy
+        self.cluster = cluster
+
+    @property
+    def mode(self) -> str:
+        """``none``, ``mirrored``, ``multi_worker`` or ``parameter_server``."""
+        return self.plan.mode
+
+    @property
+    def num_replicas(self) -> int:
+        """Data-parallel replicas in sync."""
+        return self.strategy.num_replicas_in_sync
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The local devices this process trains on."""
+        return self.plan.mesh.devices
+
+    @property
+    def is_chief(self) -> bool:
+        """True for the process that writes logs, checkpoints and saved models."""
+        return self.cluster is None or self.cluster.is_chief
+
+    def callbacks(self) -> list[Any]:
+        """The Keras callbacks the config asks for (checkpoints, backup/restore).
+
+        Raises:
+            ConfigError: if ``checkpoint.dir`` cannot be written.
+        """
+        from hybridpar import callbacks
+
+        return callbacks.defaults(self.config)
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[HybridStrategy]:
+        """Enters this strategy: variables created inside are distributed by it."""
+        _active.stack.append(self)
+        try:
+            with self.strategy.scope():
+                yield self
+        finally:
+            _active.stack.pop()
+
+    def __repr__(self) -> str:
+        return (
+            f"HybridStrategy(mode={self.mode!r}, num_replicas={self.num_replicas}, "
+            f"devices={list(self.devices)}, is_chief={self.is_chief})"
+        )
+
+
+class _ActiveScopes(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[HybridStrategy] = []
+
+
+_active = _ActiveScopes()
+
+
+def current() -> HybridStrategy | None:
+    """The innermost active ``hybridpar.scope()``, or ``None`` outside any."""
+    return _active.stack[-1] if _active.stack else None
+
+
+def local_device_names() -> list[str]:
+    """Names of the local logical devices (this initialises TensorFlow's devices)."""
+    return [d.name for d in tf.config.list_logical_devices()]
+
+
+def _unsupported(what: str, received: str) -> ConfigError:
+    return ConfigError(
+        f"{what} is not available in this version of hybridpar. Received: {received}. "
+        "Remove it from the config (the key is reserved so configs stay stable)."
+    )
+
+
+def _build_none(plan: Plan, config: StrategyConfig) -> tf.distribute.Strategy:
+    if plan.explicit_devices:
+        return tf.distribute.OneDeviceStrategy(plan.mesh.devices[0])
+    return tf.distribute.get_strategy()
+
+
+def _build_mirrored(plan: Plan, config: StrategyConfig) -> tf.distribute.Strategy:
+    devices = plan.mesh.devices
+    implementation = config.communication.implementation
+    if implementation == "nccl" and any(device_kind(d) != "GPU" for d in devices):
+        raise ConfigError(
+            "communication.implementation='nccl' needs GPU devices only, but the replicas "
+            f"run on {', '.join(devices)}. Use 'auto' or 'ring'."
+        )
+    return keras_compat.mirrored_strategy(devices, ring=implementation == "ring")
+
+
+_BUILDERS: dict[str, Callable[[Plan, StrategyConfig], tf.distribute.Strategy]] = {
+    "none": _build_none,
+    "mirrored": _build_mirrored,
+}
+
+
+def build(config: StrategyConfig | None = None) -> HybridStrategy:
+    """Checks ``config`` against this process's runtime and builds its strategy.
+
+    Raises:
+        ConfigError: when the config does not fit the devices or cluster, or
+            asks for something this version cannot do.
+    """
+    config = config if config is not None else StrategyConfig()
+    cluster = cluster_from_env()
+    plan = make_plan(config, local_device_names(), cluster)
+    if plan.mesh.stages > 1:
+        raise _unsupported("Model parallelism", f"model_parallel.stages={plan.mesh.stages}")
+    if config.model_parallel.microbatches > 1:
+        raise _unsupported(
+            "Pipelining", f"model_parallel.microbatches={config.model_parallel.microbatches}"
+        )
+    if config.communication.compression != "none":
+        raise _unsupported(
+            "Gradient compression", f"communication.compression={config.communication.compression!r}"
+        )
+    builder = _BUILDERS.get(plan.mode)
+    if builder is None:
+        raise _unsupported(f"Mode {plan.mode!r}", f"data_parallel.mode resolved to {plan.mode!r}")
+    strategy = builder(plan, config)
+    logger.info(
+        "hybridpar: mode=%s replicas=%d devices=%s",
+        plan.mode,
+        strategy.num_replicas_in_sync,
+        ",".join(plan.mesh.devices),
+    )
+    return HybridStrategy(config, plan, strategy, cluster)
+
+
+def _as_config(config: StrategyConfig | str | os.PathLike | dict | None) -> StrategyConfig:
+    if config is None or isinstance(config, StrategyConfig):
+        return config or StrategyConfig()
+    if isinstance(config, (str, os.PathLike)):
+        return StrategyConfig.from_yaml(Path(config))
+    if isinstance(config, dict):
+        return StrategyConfig.from_dict(config)
+    raise ConfigError(
+        "hybridpar.scope() takes a StrategyConfig, a YAML path, a dict or nothing. "
+        f"Received: {type(config).__name__}."
+    )
+
+
+@contextlib.contextmanager
+def scope(
+    config: StrategyConfig | str | os.PathLike | dict | None = None,
+) -> Iterator[HybridStrategy]:
+    """Builds the strategy for ``config`` and enters it.
+
+    Models built and compiled inside train under the strategy; call
+    ``model.fit`` inside or after the block. Scopes nest; leaving one restores
+    the previous one, also on error.
+
+    Args:
+        config: a StrategyConfig, the path of a YAML config, a dict, or
+            ``None`` for the defaults (``mode: auto`` over all local devices).
+
+    Yields:
+        The active ``HybridStrategy``.
+    """
+    hybrid = build(_as_config(config))
+    with hybrid.scope():
+        yield hybrid

@@ -1,0 +1,1 @@
+"""Example models for hybridpar (installed as ``hybridpar_models``)."""
