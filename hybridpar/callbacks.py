@@ -85,6 +85,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 class Throughput(keras.callbacks.Callback):
     """Adds ``examples_per_sec`` to each epoch's logs (shown by the progress bar).
 
+    The rate covers the training steps only, not validation at the epoch end.
+
     Args:
         global_batch_size: examples per step over all replicas.
     """
@@ -93,17 +95,19 @@ class Throughput(keras.callbacks.Callback):
         super().__init__()
         self.global_batch_size = global_batch_size
         self.epoch_rates: list[float] = []
-        self._start = 0.0
+        self._start = self._last = 0.0
         self._steps = 0
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self._start, self._steps = time.perf_counter(), 0
+        self._start = self._last = time.perf_counter()
+        self._steps = 0
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._steps += 1
+        self._last = time.perf_counter()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        elapsed = max(self._last - self._start, 1e-9)
         rate = self._steps * self.global_batch_size / elapsed
         self.epoch_rates.append(rate)
         if logs is not None:

@@ -92,7 +92,13 @@ def _coerce(value: Any, hint: Any, path: str) -> Any:
         if value is None and type(None) in args:
             return None
         (inner,) = [a for a in args if a is not type(None)]
-        if value is None or (inner in (int, float, str, bool) and not _is_a(value, inner)):
+        containers = {tuple: (list, tuple), dict: Mapping}
+        expected = containers.get(typing.get_origin(inner))
+        if (
+            value is None
+            or (inner in (int, float, str, bool) and not _is_a(value, inner))
+            or (expected is not None and not isinstance(value, expected))
+        ):
             raise _type_error(path, value, hint)
         return _coerce(value, inner, path)
     if origin is Literal:
@@ -130,8 +136,10 @@ def _build_section(cls: type, data: Mapping[str, Any], path: str) -> Any:
     for key in data:
         if key not in names:
             full = f"{path}.{key}" if path else str(key)
+            prefix = f"{path}." if path else ""
+            suggestion = did_you_mean(full, [prefix + name for name in names])
             raise ConfigError(
-                f'Unknown config key "{full}".{did_you_mean(str(key), names)} '
+                f'Unknown config key "{full}".{suggestion} '
                 f"Valid keys{' in ' + repr(path) if path else ''}: {', '.join(names)}.",
             )
     return cls(**dict(data))

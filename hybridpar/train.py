@@ -1,0 +1,171 @@
+"""The main job: train a model from ``hybridpar_models`` on a tfds data set.
+
+``train(config, model_dir)`` is the library function behind
+``hybridpar train``; it is plain Keras inside ``hybridpar.scope``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+import hybridpar_models
+from hybridpar import callbacks as hp_callbacks
+from hybridpar import data
+from hybridpar.config import StrategyConfig
+from hybridpar.errors import ConfigError
+from hybridpar.strategy import scope
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What a training run did, as printed in the closing summary."""
+
+    mode: str
+    num_replicas: int
+    devices: list[str]
+    global_batch_size: int
+    epochs: int
+    examples_per_sec: float
+    train_metrics: dict[str, float]
+    eval_metrics: dict[str, float]
+    model_path: str
+    log_dir: str
+    seconds: float
+
+    def summary(self) -> str:
+        """A short human-readable report."""
+        metrics = ", ".join(f"{k}={v:.4f}" for k, v in self.train_metrics.items())
+        lines = [
+            "hybridpar training summary",
+            f"  mode              {self.mode}",
+            f"  replicas          {self.num_replicas}",
+            f"  devices           {', '.join(self.devices)}",
+            f"  global batch      {self.global_batch_size}",
+            f"  epochs            {self.epochs} in {self.seconds:.1f} s",
+            f"  examples/s        {self.examples_per_sec:,.0f} (mean over epochs after the first)",
+            f"  final train       {metrics}",
+        ]
+        if self.eval_metrics:
+            evals = ", ".join(f"{k}={v:.4f}" for k, v in self.eval_metrics.items())
+            lines.append(f"  evaluation        {evals}")
+        lines += [f"  saved model       {self.model_path}", f"  TensorBoard logs  {self.log_dir}"]
+        return "\n".join(lines)
+
+
+def input_pipeline(
+    config: StrategyConfig, split: str, *, training: bool
+) -> tf.data.Dataset:
+    """The batched (image, label) pipeline of ``split`` for ``config``."""
+    settings = config.train
+    dataset = data.load_tfds(
+        settings.dataset, split, settings.data_dir, as_supervised=True
+    ).cache()
+    if training and settings.shuffle:
+        dataset = dataset.shuffle(4096, seed=settings.seed, reshuffle_each_iteration=True)
+    return dataset.batch(config.data.global_batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def build_model(config: StrategyConfig, num_classes: int, input_shape: tuple[int, ...]):
+    """Builds and compiles ``train.model`` (call inside the strategy scope)."""
+    settings = config.train
+    model = hybridpar_models.get(settings.model)(
+        num_classes=num_classes, input_shape=input_shape
+    )
+    try:
+        optimizer = keras.optimizers.get(
+            {"class_name": settings.optimizer, "config": {"learning_rate": settings.learning_rate}}
+        )
+    except ValueError:
+        raise ConfigError(
+            f"Unknown Keras optimizer. Received: train.optimizer={settings.optimizer!r}. "
+            "Use a name keras.optimizers.get accepts, e.g. 'adam' or 'sgd'."
+        ) from None
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) -> TrainResult:
+    """Trains ``config.train.model`` under ``hybridpar.scope(config)``.
+
+    Writes TensorBoard logs to ``<model_dir>/logs``, the saved model to
+    ``<model_dir>/model.keras`` and the summary to ``<model_dir>/summary.json``.
+
+    Raises:
+        ConfigError: for a config that cannot train (before any training).
+        hybridpar.data.DatasetNotFoundError: when the data is not prepared.
+    """
+    settings = config.train
+    batch = config.data.global_batch_size
+    if batch is None:
+        raise ConfigError(
+            "hybridpar train needs data.global_batch_size. Received: null. "
+            "Set it in the config or with --set data.global_batch_size=64."
+        )
+    model_dir = hp_callbacks.ensure_writable(model_dir, key="--model_dir")
+    info = data.dataset_info(settings.dataset, settings.data_dir)
+    keras.utils.set_random_seed(settings.seed)
+    started = time.perf_counter()
+    with scope(config) as hybrid:
+        train_data = input_pipeline(config, settings.train_split, training=True)
+        eval_data = (
+            input_pipeline(config, settings.eval_split, training=False)
+            if settings.eval_split
+            else None
+        )
+        input_shape = tuple(train_data.element_spec[0].shape[1:])
+        model = build_model(config, info.features[info.supervised_keys[1]].num_classes, input_shape)
+    throughput = hp_callbacks.Throughput(batch)
+    log_dir = model_dir / "logs"
+    history = model.fit(
+        train_data,
+        epochs=settings.epochs,
+        steps_per_epoch=settings.steps_per_epoch,
+        validation_data=eval_data,
+        shuffle=False,
+        callbacks=[
+            throughput,
+            keras.callbacks.TensorBoard(log_dir=str(log_dir)),
+            *hybrid.callbacks(),
+        ],
+        verbose=verbose,
+    )
+    eval_metrics = (
+        model.evaluate(eval_data, return_dict=True, verbose=0) if eval_data is not None else {}
+    )
+    model_path = model_dir / "model.keras"
+    model.save(model_path)
+    rates = throughput.epoch_rates[1:] or throughput.epoch_rates
+    result = TrainResult(
+        mode=hybrid.mode,
+        num_replicas=hybrid.num_replicas,
+        devices=list(hybrid.devices),
+        global_batch_size=batch,
+        epochs=settings.epochs,
+        examples_per_sec=sum(rates) / len(rates),
+        train_metrics=_final(history.history, prefix_excluded="val_"),
+        eval_metrics={k: float(v) for k, v in eval_metrics.items()},
+        model_path=str(model_path),
+        log_dir=str(log_dir),
+        seconds=time.perf_counter() - started,
+    )
+    (model_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(result), indent=2))
+    return result
+
+
+def _final(history: dict[str, list[Any]], prefix_excluded: str) -> dict[str, float]:
+    return {
+        k: float(v[-1])
+        for k, v in history.items()
+        if not k.startswith(prefix_excluded) and k != "examples_per_sec"
+    }

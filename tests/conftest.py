@@ -1,0 +1,27 @@
+"""Session set-up shared by every test layer.
+
+TensorFlow fixes its device list the first time it touches devices, and a
+pytest run is one process, so the 4 logical CPU devices the strategy tests
+need are made here, before any test runs.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import hybridpar  # noqa: E402
+import pytest  # noqa: E402
+
+LOGICAL_CPUS = 4
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    hybridpar.testing.use_logical_cpus(LOGICAL_CPUS)
+
+
+@pytest.fixture(scope="session")
+def digits_data_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tfds data dir holding the embedded hybridpar_digits set, built once."""
+    data_dir = tmp_path_factory.mktemp("tfds")
+    hybridpar.data.load_tfds("hybridpar_digits", "train", data_dir)
+    return str(data_dir)
