@@ -8,14 +8,23 @@ upstream changes.
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import itertools
+from typing import Any
 
 import keras
 import tensorflow as tf
+from keras.src import tree
+from keras.src.backend.tensorflow import trainer as keras_tf_trainer
+from keras.src.losses import loss as keras_loss
+from keras.src.trainers.data_adapters import data_adapter_utils
 from tensorflow.python.distribute import (
     collective_util,
-    cross_device_ops as cross_device_ops_lib,
     cross_device_utils,
+)
+from tensorflow.python.distribute import (
+    cross_device_ops as cross_device_ops_lib,
 )
 
 VERIFIED_TF = ("2.21",)
@@ -75,3 +84,116 @@ def mirrored_strategy(
     strategy._collective_key_base = key_base
     strategy.__init__(devices=list(devices), cross_device_ops=cross_device_ops)
     return strategy
+
+
+def _per_replica_spec(spec: Any) -> Any:
+    """The spec one replica sees, from a (possibly PerReplica) element spec."""
+    value_specs = getattr(spec, "_value_specs", None)
+    return value_specs[0] if value_specs else spec
+
+
+def _symbolic_build_from_specs(original):
+    """Wraps ``TensorFlowTrainer._maybe_symbolic_build`` to read shapes, not data.
+
+    Upstream (Keras 3.15, ``keras/src/backend/tensorflow/trainer.py``): under
+    any non-default strategy, every ``fit``/``evaluate``/``predict`` pulls a
+    real batch from a fresh iterator just to learn input shapes, and
+    ``strategy.reduce("MEAN", batch)`` s it. That (a) consumes one pass of a
+    reshuffling dataset, so distributed training sees another data order than
+    single-device training with the same seed, (b) costs an extra iterator
+    (prefetch fill) per call, and (c) raises under
+    MultiWorkerMirroredStrategy, where reducing a nested PerReplica batch
+    fails (keras-team/keras#20585). ``_symbolic_build`` only needs shapes and
+    dtypes, which the distributed dataset's ``element_spec`` already has.
+    """
+
+    @functools.wraps(original)
+    def maybe_symbolic_build(self, iterator=None, data_batch=None):
+        dataset = getattr(iterator, "_distributed_dataset", None)
+        if self._distribute_strategy is None or dataset is None:
+            return original(self, iterator=iterator, data_batch=data_batch)
+        specs = tf.nest.map_structure(
+            _per_replica_spec,
+            dataset.element_spec,
+            expand_composites=False,
+        )
+        with self.distribute_strategy.scope():
+            self._symbolic_build(data_batch=specs)
+
+    maybe_symbolic_build.__hybridpar_fix__ = True
+    return maybe_symbolic_build
+
+
+_replica_share: contextvars.ContextVar[tuple[tf.Tensor, tf.Tensor] | None] = (
+    contextvars.ContextVar("hybridpar_replica_share", default=None)
+)
+
+
+def _train_step_with_replica_share(original):
+    """Wraps ``TensorFlowTrainer.train_step`` to weight replicas by their examples.
+
+    Upstream (Keras 3.15, ``keras/src/losses/loss.py``): a replica's mean loss
+    is scaled by ``1 / num_replicas``, which is right only when every replica
+    holds the same number of examples. ``tf.distribute`` splits a final
+    partial batch of an unknown-cardinality dataset (tfds, files, generators)
+    front-first (64 -> 16, 12, 0, 0 for 4 replicas of 28 examples), so that
+    step's gradient is misweighted and distributed training drifts from the
+    single-device result. Here each replica's loss is scaled by
+    ``local_examples / global_examples`` instead (one scalar all-reduce per
+    step, skipped when the batch size is static); the loss tracker is
+    unscaled by the same share so progress bars stay exact.
+    """
+
+    @functools.wraps(original)
+    def train_step(self, data):
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return original(self, data)
+        x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(data)
+        first = next(t for t in tree.flatten(x) if t is not None)
+        if first.shape[0] is not None:
+            return original(self, data)
+        local = tf.cast(tf.shape(first)[0], tf.float32)
+        total = context.all_reduce("SUM", local)
+        token = _replica_share.set((local, total))
+        try:
+            return original(self, data)
+        finally:
+            _replica_share.reset(token)
+
+    train_step.__hybridpar_fix__ = True
+    return train_step
+
+
+def _scaled_by_share(original, invert: bool):
+    """Wraps Keras's (un)scale_loss_for_distribution to use the replica share."""
+
+    @functools.wraps(original)
+    def scale(value):
+        share = _replica_share.get()
+        if share is None:
+            return original(value)
+        local, total = share
+        factor = tf.math.divide_no_nan(total, local) if invert else local / total
+        return value * tf.cast(factor, value.dtype)
+
+    scale.__hybridpar_fix__ = True
+    return scale
+
+
+def _patch(owner: Any, name: str, wrap) -> None:
+    current = getattr(owner, name)
+    if not getattr(current, "__hybridpar_fix__", False):
+        setattr(owner, name, wrap(current))
+
+
+def install() -> None:
+    """Applies every fix once (idempotent). Called when hybridpar builds a strategy."""
+    check_versions()
+    trainer = keras_tf_trainer.TensorFlowTrainer
+    _patch(trainer, "_maybe_symbolic_build", _symbolic_build_from_specs)
+    _patch(trainer, "train_step", _train_step_with_replica_share)
+    _patch(keras_loss, "scale_loss_for_distribution",
+           functools.partial(_scaled_by_share, invert=False))
+    _patch(keras_loss, "unscale_loss_for_distribution",
+           functools.partial(_scaled_by_share, invert=True))

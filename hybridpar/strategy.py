@@ -76,7 +76,19 @@ class HybridStrategy:
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[HybridStrategy]:
-        """Enters this strategy: variables created inside are distributed by it."""
+        """Enters this strategy: variables created inside are distributed by it.
+
+        Raises:
+            ConfigError: inside the scope of a different strategy (TensorFlow
+                cannot mix two strategies).
+        """
+        outer = current()
+        if outer is not None and outer.strategy is not self.strategy:
+            raise ConfigError(
+                f"hybridpar.scope() cannot nest inside another strategy's scope: the outer "
+                f"scope is {outer!r}, the inner one {self!r}. Leave the outer scope first, or "
+                "re-enter the same strategy with `with hs.scope():`."
+            )
         _active.stack.append(self)
         try:
             with self.strategy.scope():
@@ -147,6 +159,13 @@ def build(config: StrategyConfig | None = None) -> HybridStrategy:
             asks for something this version cannot do.
     """
     config = config if config is not None else StrategyConfig()
+    if tf.distribute.has_strategy():
+        raise ConfigError(
+            "hybridpar cannot build a strategy inside another strategy's scope (outer: "
+            f"{current() or tf.distribute.get_strategy()!r}); TensorFlow cannot mix two. "
+            "Leave the outer scope first, or re-enter an existing one with `with hs.scope():`."
+        )
+    keras_compat.install()
     cluster = cluster_from_env()
     plan = make_plan(config, local_device_names(), cluster)
     if plan.mesh.stages > 1:
@@ -156,9 +175,8 @@ def build(config: StrategyConfig | None = None) -> HybridStrategy:
             "Pipelining", f"model_parallel.microbatches={config.model_parallel.microbatches}"
         )
     if config.communication.compression != "none":
-        raise _unsupported(
-            "Gradient compression", f"communication.compression={config.communication.compression!r}"
-        )
+        compression = config.communication.compression
+        raise _unsupported("Gradient compression", f"communication.compression={compression!r}")
     builder = _BUILDERS.get(plan.mode)
     if builder is None:
         raise _unsupported(f"Mode {plan.mode!r}", f"data_parallel.mode resolved to {plan.mode!r}")

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import hybridpar_models
 import keras
 import tensorflow as tf
 
-import hybridpar_models
 from hybridpar import callbacks as hp_callbacks
 from hybridpar import data
 from hybridpar.config import StrategyConfig

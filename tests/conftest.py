@@ -9,8 +9,9 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import hybridpar  # noqa: E402
-import pytest  # noqa: E402
+import pytest
+
+import hybridpar
 
 LOGICAL_CPUS = 4
 

@@ -137,7 +137,8 @@ def test_wrong_types_and_ranges_name_field_and_value(override, match):
     ],
 )
 def test_enum_values_get_did_you_mean(field, value, suggestion):
-    with pytest.raises(ConfigError, match=f"Received: {field}='{value}'. Did you mean \"{suggestion}\""):
+    expected = f"Received: {field}='{value}'. Did you mean \"{suggestion}\""
+    with pytest.raises(ConfigError, match=expected):
         StrategyConfig().override({field: value})
 
 

@@ -1,0 +1,226 @@
+"""Step-time overhead of ``hybridpar.scope`` against a hand-built MirroredStrategy.
+
+The same Keras MLP and in-memory data are trained with ``model.fit`` under
+``hybridpar.scope(config)`` (mode ``mirrored`` over 2 logical CPUs) and under
+``tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])``. Every run is a fresh
+child process (this script re-invoked with ``--child``); runs are interleaved in
+A/B pairs whose order alternates, to cancel drift. Each child times every step
+after a warm-up epoch and prints one JSON line; the parent prints the medians
+and, as its last line, ``ratio=<hybridpar/raw>``.
+
+    python benchmarks/overhead.py [--pairs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+VARIANTS = ("hybridpar", "raw")
+DEVICES = ("/cpu:0", "/cpu:1")
+SEED = 1234
+CHILD_TIMEOUT_S = 300
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parses the command line (the parent forwards its sizes to the children)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=5, help="A/B pairs of child runs.")
+    parser.add_argument("--epochs", type=int, default=10, help="Timed epochs per child.")
+    parser.add_argument("--examples", type=int, default=4096, help="Examples in the dataset.")
+    parser.add_argument("--features", type=int, default=64, help="Input features.")
+    parser.add_argument("--units", type=int, default=512, help="Units of the 2 hidden layers.")
+    parser.add_argument("--batch", type=int, default=256, help="Global batch size.")
+    parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name in ("pairs", "epochs", "examples", "features", "units", "batch"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1. Received: {getattr(args, name)}.")
+    if args.batch % len(DEVICES) or args.examples < args.batch:
+        parser.error(
+            f"--batch must be a multiple of {len(DEVICES)} and <= --examples. "
+            f"Received: --batch={args.batch} --examples={args.examples}."
+        )
+    return args
+
+
+def pair_orders(pairs: int) -> list[tuple[str, str]]:
+    """The run order of each pair: ``hybridpar`` first in even pairs, ``raw`` in odd."""
+    return [VARIANTS if i % 2 == 0 else VARIANTS[::-1] for i in range(pairs)]
+
+
+def parse_child_output(stdout: str) -> dict[str, Any]:
+    """The last JSON object line a child printed.
+
+    Raises:
+        ValueError: if the child printed no JSON object line.
+    """
+    for line in reversed(stdout.splitlines()):
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            return json.loads(line)
+    raise ValueError(f"Child printed no JSON result line. Received stdout: {stdout[-500:]!r}")
+
+
+def summarize(pairs: Sequence[dict[str, float]]) -> tuple[float, float, float]:
+    """Median over pairs of each variant's step time, and their ratio hybridpar/raw."""
+    hybrid = statistics.median(p["hybridpar"] for p in pairs)
+    raw = statistics.median(p["raw"] for p in pairs)
+    return hybrid, raw, hybrid / raw
+
+
+def run_child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Trains in this process under ``variant`` and returns the timing record."""
+    import hybridpar
+
+    hybridpar.testing.use_logical_cpus(len(DEVICES))
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(SEED)
+    rng = np.random.default_rng(SEED)
+    x = rng.standard_normal((args.examples, args.features), dtype=np.float32)
+    y = rng.integers(0, 10, size=(args.examples,), dtype=np.int32)
+
+    if variant == "hybridpar":
+        config = hybridpar.StrategyConfig.from_dict(
+            {
+                "data_parallel": {"mode": "mirrored", "devices": list(DEVICES)},
+                "data": {"global_batch_size": args.batch},
+            }
+        )
+        context = hybridpar.scope(config)
+    else:
+        context = tf.distribute.MirroredStrategy(list(DEVICES)).scope()
+
+    step_times: list[float] = []
+
+    class StepTimer(keras.callbacks.Callback):
+        """Records each step's duration, skipping the warm-up (first) epoch."""
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self._timed = epoch > 0
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            self._start = time.perf_counter()
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if self._timed:
+                step_times.append(time.perf_counter() - self._start)
+
+    with context:
+        strategy = tf.distribute.get_strategy()
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch, drop_remainder=True)
+        model = keras.Sequential(
+            [
+                keras.Input((args.features,)),
+                keras.layers.Dense(args.units, activation="relu"),
+                keras.layers.Dense(args.units, activation="relu"),
+                keras.layers.Dense(10),
+            ]
+        )
+        model.compile(
+            optimizer="adam",
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    history = model.fit(
+        dataset, epochs=1 + args.epochs, verbose=0, shuffle=False, callbacks=[StepTimer()]
+    )
+
+    extended = strategy.extended
+    cross_ops = getattr(extended, "_cross_device_ops", None) or getattr(
+        extended, "_inferred_cross_device_ops", None
+    )
+    return {
+        "variant": variant,
+        "median_step_s": statistics.median(step_times),
+        "steps": len(step_times),
+        "final_loss": float(history.history["loss"][-1]),
+        "strategy": type(strategy).__name__,
+        "cross_device_ops": type(cross_ops).__name__,
+        "replicas": strategy.num_replicas_in_sync,
+        "devices": list(extended.worker_devices),
+        "params": model.count_params(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+    }
+
+
+def spawn(variant: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Runs one child process and returns its record.
+
+    Raises:
+        RuntimeError: with the child's stderr tail if it fails.
+    """
+    sizes = ("epochs", "examples", "features", "units", "batch")
+    cmd = [sys.executable, os.path.abspath(__file__), f"--child={variant}"]
+    cmd += [f"--{name}={getattr(args, name)}" for name in sizes]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"Child --child={variant} exited with {proc.returncode}:\n{proc.stderr[-3000:]}"
+        )
+    return parse_child_output(proc.stdout)
+
+
+def run_parent(args: argparse.Namespace) -> None:
+    """Runs the interleaved pairs and prints the comparison; the last line is the ratio."""
+    start = time.perf_counter()
+    pairs: list[dict[str, float]] = []
+    first: dict[str, dict[str, Any]] = {}
+    for i, order in enumerate(pair_orders(args.pairs)):
+        records = {variant: spawn(variant, args) for variant in order}
+        for variant, record in records.items():
+            first.setdefault(variant, record)
+        pairs.append({v: records[v]["median_step_s"] for v in VARIANTS})
+        hyb, raw = records["hybridpar"], records["raw"]
+        print(
+            f"pair {i + 1}/{args.pairs} (first: {order[0]:9s}) "
+            f"hybridpar={hyb['median_step_s'] * 1e3:.3f} ms "
+            f"raw={raw['median_step_s'] * 1e3:.3f} ms "
+            f"steps={hyb['steps']}/{raw['steps']} "
+            f"final loss={hyb['final_loss']:.6f}/{raw['final_loss']:.6f}",
+            flush=True,
+        )
+    info = first["raw"]
+    print(
+        f"compared: model.fit under hybridpar.scope(mode=mirrored) vs hand-built "
+        f"tf.distribute.MirroredStrategy; TensorFlow {info['tensorflow']}, Keras {info['keras']}"
+    )
+    for variant in VARIANTS:
+        rec = first[variant]
+        print(
+            f"  {variant:9s}: {rec['strategy']} with {rec['cross_device_ops']}, "
+            f"{rec['replicas']} replicas on {', '.join(rec['devices'])}"
+        )
+    print(
+        f"model: MLP {args.features}-{args.units}-{args.units}-10 ({info['params']:,} params), "
+        f"adam; data {args.examples}x{args.features} in memory; global batch {args.batch}; "
+        f"1 warm-up + {args.epochs} timed epochs ({info['steps']} steps/child); "
+        f"{args.pairs} pairs, {2 * args.pairs} processes, {time.perf_counter() - start:.0f} s"
+    )
+    hybrid, raw, ratio = summarize(pairs)
+    print(f"median step over pairs: hybridpar={hybrid * 1e3:.3f} ms raw={raw * 1e3:.3f} ms")
+    print(f"ratio={ratio:.3f}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point: the parent by default, one timed training run with ``--child``."""
+    args = parse_args(argv)
+    if args.child:
+        print(json.dumps(run_child(args.child, args)), flush=True)
+    else:
+        run_parent(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Runtime planning, device names, the mesh and TF_CONFIG parsing (pure Python)."""
+
+import json
+
+import pytest
+
+from hybridpar import ConfigError, RuntimeMismatchError, StrategyConfig
+from hybridpar.cluster import parse_tf_config
+from hybridpar.devices import canonical_device
+from hybridpar.mesh import DeviceMesh
+from hybridpar.plan import make_plan
+
+CPUS = [f"/device:CPU:{i}" for i in range(4)]
+GPUS = ["/device:CPU:0", "/device:GPU:0", "/device:GPU:1"]
+
+
+def config(**overrides):
+    return StrategyConfig().override(overrides)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["/gpu:1", "GPU:1", "gpu:1", "/device:GPU:1", "/job:localhost/replica:0/task:0/device:GPU:1"],
+)
+def test_canonical_device_spellings(name):
+    assert canonical_device(name) == "/device:GPU:1"
+
+
+def test_canonical_device_rejects_remote_names():
+    with pytest.raises(ConfigError, match="Not a local device name"):
+        canonical_device("/job:worker/task:1/device:CPU:0")
+
+
+def test_auto_uses_every_local_cpu_as_replicas():
+    plan = make_plan(config(), CPUS)
+    assert plan.mode == "mirrored"
+    assert plan.num_replicas == 4
+    assert plan.mesh.devices == tuple(CPUS)
+
+
+def test_auto_prefers_accelerators():
+    plan = make_plan(config(), GPUS)
+    assert plan.mode == "mirrored"
+    assert plan.mesh.devices == ("/device:GPU:0", "/device:GPU:1")
+
+
+def test_auto_with_one_device_is_none():
+    plan = make_plan(config(), ["/device:CPU:0"])
+    assert plan.mode == "none" and plan.num_replicas == 1
+
+
+def test_mode_none_takes_the_first_device():
+    plan = make_plan(config(**{"data_parallel.mode": "none"}), CPUS)
+    assert plan.mesh.devices == ("/device:CPU:0",)
+
+
+def test_listed_devices_are_used_in_order():
+    plan = make_plan(config(**{"data_parallel.devices": ["/cpu:3", "/cpu:1"]}), CPUS)
+    assert plan.mesh.devices == ("/device:CPU:3", "/device:CPU:1")
+    assert plan.explicit_devices
+
+
+def test_missing_device_lists_the_devices_that_exist():
+    with pytest.raises(RuntimeMismatchError, match=r"names /device:GPU:0, which this process does "
+                       r"not have. Devices that exist: /device:CPU:0, /device:CPU:1"):
+        make_plan(config(**{"data_parallel.devices": ["/gpu:0"]}), CPUS[:2])
+
+
+def test_batch_must_divide_over_the_replicas_that_exist():
+    with pytest.raises(RuntimeMismatchError, match=r"global_batch_size=10 does not divide evenly "
+                       r"across 4 replicas.*CPU:3"):
+        make_plan(config(**{"data.global_batch_size": 10}), CPUS)
+
+
+def test_more_stages_than_devices():
+    with pytest.raises(RuntimeMismatchError, match=r"stages=8 needs at least 8 devices, but only "
+                       r"4 are available: /device:CPU:0"):
+        make_plan(config(**{"model_parallel.stages": 8}), CPUS)
+
+
+def test_stages_split_devices_into_replicas():
+    plan = make_plan(config(**{"model_parallel.stages": 2}), CPUS)
+    assert plan.mesh.replicas == 2 and plan.mesh.stages == 2
+
+
+def test_auto_picks_cluster_modes_from_tf_config():
+    workers = parse_tf_config(json.dumps(
+        {"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}}))
+    assert make_plan(config(), ["/device:CPU:0"], workers).mode == "multi_worker"
+    assert make_plan(config(), ["/device:CPU:0"], workers).num_replicas == 2
+    ps = parse_tf_config(json.dumps(
+        {"cluster": {"chief": ["a:1"], "worker": ["b:1"], "ps": ["c:1"]},
+         "task": {"type": "chief", "index": 0}}))
+    assert make_plan(config(), ["/device:CPU:0"], ps).mode == "parameter_server"
+
+
+def test_mesh_mapping_is_replica_major():
+    mesh = DeviceMesh(tuple("abcdef"), stages=3)
+    assert mesh.replicas == 2
+    assert mesh.device(1, 0) == "d"
+    assert mesh.replica_devices(0) == ("a", "b", "c")
+    assert mesh.stage_devices(2) == ("c", "f")
+    with pytest.raises(IndexError):
+        mesh.device(2, 0)
+
+
+def test_mesh_refuses_devices_that_do_not_divide():
+    with pytest.raises(RuntimeMismatchError, match="5 devices do not divide into stages=2"):
+        DeviceMesh(tuple("abcde"), stages=2)
+
+
+def test_tf_config_unset_or_without_cluster_is_single_process():
+    assert parse_tf_config(None) is None
+    assert parse_tf_config("") is None
+    assert parse_tf_config('{"task": {}}') is None
+
+
+def test_tf_config_chief_detection():
+    text = json.dumps({"cluster": {"chief": ["a:1"], "worker": ["b:1"]},
+                       "task": {"type": "worker", "index": 0}})
+    info = parse_tf_config(text)
+    assert not info.is_chief and info.num_workers == 2 and info.is_multi_task
+    no_chief = parse_tf_config(json.dumps({"cluster": {"worker": ["a:1", "b:1"]},
+                                           "task": {"type": "worker", "index": 0}}))
+    assert no_chief.is_chief
+
+
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        ("{not json", "TF_CONFIG is not valid JSON"),
+        ('["a"]', "TF_CONFIG must be a JSON object"),
+        ('{"cluster": {"wroker": ["a:1"]}, "task": {"type": "wroker", "index": 0}}',
+         "unknown job type 'wroker'. Did you mean \"worker\""),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}',
+         "task index 3 is out of range for job 'worker' with 1 task"),
+        ('{"cluster": {"chief": ["a:1", "b:1"]}, "task": {"type": "chief", "index": 0}}',
+         "lists 2 chiefs"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}}',
+         "task type 'ps' is not a job of the cluster"),
+        ('{"cluster": {"worker": "a:1"}, "task": {"type": "worker", "index": 0}}',
+         "must be a list of 'host:port' strings"),
+    ],
+)
+def test_bad_tf_config(value, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_tf_config(value)
