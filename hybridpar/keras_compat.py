@@ -27,6 +27,8 @@ from tensorflow.python.distribute import (
     cross_device_ops as cross_device_ops_lib,
 )
 
+from hybridpar import batching
+
 VERIFIED_TF = ("2.21",)
 VERIFIED_KERAS = ("3.15",)
 
@@ -83,7 +85,28 @@ def mirrored_strategy(
     strategy = tf.distribute.MirroredStrategy.__new__(tf.distribute.MirroredStrategy)
     strategy._collective_key_base = key_base
     strategy.__init__(devices=list(devices), cross_device_ops=cross_device_ops)
+    distribute_batches_evenly(strategy)
     return strategy
+
+
+def distribute_batches_evenly(strategy: tf.distribute.Strategy) -> None:
+    """Makes ``strategy.experimental_distribute_dataset`` split batches evenly.
+
+    Upstream (TF 2.21, ``input_lib._make_rebatch_fn``): file-based datasets
+    are rebatched front-first, so a final partial batch leaves replicas empty,
+    and oneDNN's fused Conv2D returns a wrongly shaped tensor for an empty
+    batch ("input depth must be evenly divisible by filter depth: 1 vs 32").
+    Keras's ``model.fit`` calls this method on the strategy, so replacing it
+    on hybridpar's own strategy instances fixes every fit/evaluate/predict
+    without touching Keras. See ``hybridpar.batching``.
+    """
+    fallback = strategy.experimental_distribute_dataset
+
+    @functools.wraps(fallback)
+    def experimental_distribute_dataset(dataset, options=None):
+        return batching.distribute_evenly(strategy, dataset, options, fallback=fallback)
+
+    strategy.experimental_distribute_dataset = experimental_distribute_dataset
 
 
 def _per_replica_spec(spec: Any) -> Any:

@@ -1,0 +1,129 @@
+"""Each fix in hybridpar.keras_compat: the upstream behaviour, then the fix.
+
+Upstream behaviour is reproduced in a fresh process without hybridpar
+(tests/strategy/upstream_keras.py): if one of these starts failing, upstream
+changed and the fix should be revisited.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import upstream_keras  # beside this file; pytest puts its folder on sys.path
+
+import hybridpar
+from hybridpar import keras_compat
+
+pytestmark = pytest.mark.strategy
+
+UPSTREAM = pathlib.Path(__file__).with_name("upstream_keras.py")
+
+
+def run_upstream(case: str) -> dict:
+    completed = subprocess.run(
+        [sys.executable, str(UPSTREAM), case], capture_output=True, text=True, timeout=300
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_upstream_mirrored_strategies_share_collective_keys():
+    outcomes = run_upstream("collective_keys_collide")["outcomes"]
+    assert outcomes[0] == "ok"
+    assert outcomes[1] != "ok", "upstream no longer collides: revisit mirrored_strategy()"
+
+
+@pytest.mark.slow
+def test_upstream_fit_burns_one_pass_of_the_dataset():
+    result = run_upstream("fit_passes")
+    assert result == {"single_passes": 2, "mirrored_passes": 3}
+
+
+@pytest.mark.slow
+def test_upstream_partial_batch_is_misweighted():
+    assert run_upstream("partial_batch")["max_weight_diff"] > 1e-2
+
+
+@pytest.mark.slow
+def test_upstream_empty_replica_breaks_fused_conv():
+    result = run_upstream("conv_on_empty_replica")
+    assert result["last_split"] == [4, 0, 0, 0]
+    assert "input depth must be evenly divisible by filter depth" in result["outcome"]
+
+
+def test_batches_are_split_evenly_and_a_cnn_trains(tmp_path):
+    dataset = upstream_keras.conv_dataset(str(tmp_path))
+    with hybridpar.scope({"data_parallel": {"mode": "mirrored"}}) as hs:
+        batches = list(hs.strategy.experimental_distribute_dataset(dataset))
+        model = upstream_keras.conv_model()
+        model.compile("sgd", "mse")
+    splits = [[int(v.shape[0]) for v in hs.strategy.experimental_local_results(x)]
+              for x, _ in batches]
+    assert splits == [[4, 4, 4, 4], [1, 1, 1, 1]]
+    history = model.fit(dataset, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+
+
+def test_predict_keeps_example_order_on_a_partial_batch(tmp_path):
+    dataset = upstream_keras.file_dataset(str(tmp_path))
+    with hybridpar.scope({"data_parallel": {"mode": "mirrored"}}):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    predicted = model.predict(dataset.map(lambda x, y: x), verbose=0)
+    np.testing.assert_allclose(predicted, model(upstream_keras.FEATURES).numpy(), rtol=1e-6)
+
+
+def linear_fit(config: dict | None, dataset: tf.data.Dataset) -> list[np.ndarray]:
+    keras.utils.set_random_seed(1)
+    with hybridpar.scope(config):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    model.fit(dataset, epochs=2, verbose=0)
+    return model.get_weights()
+
+
+def test_fit_iterates_the_dataset_once_per_epoch():
+    passes: list = []
+    linear_fit({"data_parallel": {"mode": "mirrored"}}, upstream_keras.counting_dataset(passes))
+    assert len(passes) == 2
+
+
+def test_partial_batch_is_weighted_by_examples(tmp_path):
+    single = linear_fit({"data_parallel": {"mode": "none"}},
+                        upstream_keras.file_dataset(str(tmp_path)))
+    mirrored = linear_fit({"data_parallel": {"mode": "mirrored"}},
+                          upstream_keras.file_dataset(str(tmp_path)))
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(single, mirrored, strict=True))
+    assert diff <= 1e-5
+
+
+def test_progress_loss_is_the_example_mean_on_a_partial_batch(tmp_path):
+    with hybridpar.scope({"data_parallel": {"mode": "mirrored"}}):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    data = upstream_keras.file_dataset(str(tmp_path))
+    reported = model.evaluate(data, verbose=0)
+    predictions = model.predict(upstream_keras.FEATURES, verbose=0)
+    expected = float(np.mean((predictions - upstream_keras.TARGETS) ** 2))
+    assert reported == pytest.approx(expected, rel=1e-5)
+
+
+def test_install_is_idempotent():
+    keras_compat.install()
+    trainer = keras_compat.keras_tf_trainer.TensorFlowTrainer
+    first = trainer.train_step
+    keras_compat.install()
+    assert trainer.train_step is first
+    assert not getattr(first.__wrapped__, "__hybridpar_fix__", False)
+
+
+def test_unverified_versions_are_refused(monkeypatch):
+    monkeypatch.setattr(keras, "__version__", "3.99.0")
+    with pytest.raises(RuntimeError, match=r"verified on TensorFlow 2.21 and Keras 3.15; "
+                       r"installed: TensorFlow 2.21.\d+, Keras 3.99.0"):
+        keras_compat.check_versions()

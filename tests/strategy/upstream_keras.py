@@ -1,0 +1,149 @@
+"""Reproduces upstream Keras/TF behaviours WITHOUT hybridpar (run as a script).
+
+Each case prints one JSON line. tests/strategy/test_keras_compat.py runs it in
+a fresh process so that none of hybridpar's fixes are installed; when a case
+stops reproducing, upstream has changed and the fix can be revisited.
+
+    python upstream_keras.py CASE
+"""
+
+import json
+import os
+import sys
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+def logical_cpus(n: int) -> None:
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+    )
+
+
+def collective_keys_collide() -> dict:
+    """Two MirroredStrategy instances over different devices in one process."""
+    logical_cpus(4)
+    outcomes = []
+    for devices in (["/cpu:0", "/cpu:1"], ["/cpu:2", "/cpu:3"]):
+        strategy = tf.distribute.MirroredStrategy(devices)
+
+        @tf.function
+        def replica_sum():
+            return tf.distribute.get_replica_context().all_reduce("SUM", tf.constant(1.0))
+
+        try:
+            strategy.run(replica_sum)
+            outcomes.append("ok")
+        except tf.errors.OpError as err:
+            outcomes.append(f"{type(err).__name__}: {err.message[-300:]}")
+    return {"outcomes": outcomes}
+
+
+FEATURES = np.random.default_rng(0).normal(size=(20, 4)).astype("float32")
+TARGETS = FEATURES @ np.arange(1, 5, dtype="float32")[:, None]
+
+
+def counting_dataset(counter: list) -> tf.data.Dataset:
+    """A generator dataset that counts how often it is iterated."""
+
+    def generate():
+        counter.append(1)
+        yield from zip(FEATURES, TARGETS, strict=True)
+
+    spec = (tf.TensorSpec((4,), tf.float32), tf.TensorSpec((1,), tf.float32))
+    return tf.data.Dataset.from_generator(generate, output_signature=spec).batch(16)
+
+
+def file_dataset(directory: str, image: bool = False) -> tf.data.Dataset:
+    """The same 20 examples read from a TFRecord file, batched by 16.
+
+    With ``image``, the features are 2x2x1 images.
+    """
+    path = os.path.join(directory, "examples.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for row in np.concatenate([FEATURES, TARGETS], axis=1):
+            writer.write(tf.io.serialize_tensor(row).numpy())
+    rows = tf.data.TFRecordDataset(path).map(
+        lambda record: tf.ensure_shape(tf.io.parse_tensor(record, tf.float32), (5,))
+    )
+    shape = (2, 2, 1) if image else (4,)
+    return rows.map(lambda row: (tf.reshape(row[:4], shape), row[4:])).batch(16)
+
+
+def train_linear(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset) -> list:
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    model.fit(dataset, epochs=2, verbose=0)
+    return model.get_weights()
+
+
+def fit_passes() -> dict:
+    """How often model.fit(epochs=2) iterates the dataset, with and without a strategy."""
+    logical_cpus(4)
+    single, mirrored = [], []
+    train_linear(tf.distribute.get_strategy(), counting_dataset(single))
+    train_linear(tf.distribute.MirroredStrategy(), counting_dataset(mirrored))
+    return {"single_passes": len(single), "mirrored_passes": len(mirrored)}
+
+
+def partial_batch() -> dict:
+    """20 file-based examples, global batch 16 over 4 replicas: the last step is 4 examples."""
+    logical_cpus(4)
+    with tempfile.TemporaryDirectory() as directory:
+        single = train_linear(tf.distribute.get_strategy(), file_dataset(directory))
+        mirrored = train_linear(tf.distribute.MirroredStrategy(), file_dataset(directory))
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(single, mirrored, strict=True))
+    return {"max_weight_diff": diff}
+
+
+def conv_model() -> keras.Model:
+    return keras.Sequential([
+        keras.Input((2, 2, 1)),
+        keras.layers.Conv2D(8, 1, activation="relu"),
+        keras.layers.Conv2D(8, 1, activation="relu"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(1),
+    ])
+
+
+def conv_dataset(directory: str) -> tf.data.Dataset:
+    """The 20 file-based examples as 2x2 images: batch 16 over 4 replicas."""
+    return file_dataset(directory, image=True)
+
+
+def conv_on_empty_replica() -> dict:
+    """A CNN under MirroredStrategy whose final batch leaves replicas empty."""
+    logical_cpus(4)
+    strategy = tf.distribute.MirroredStrategy()
+    with tempfile.TemporaryDirectory() as directory:
+        dataset = conv_dataset(directory)
+        last = list(strategy.experimental_distribute_dataset(dataset))[-1][0]
+        split = [int(v.shape[0]) for v in strategy.experimental_local_results(last)]
+        with strategy.scope():
+            model = conv_model()
+            model.compile("sgd", "mse")
+        try:
+            model.fit(dataset, epochs=1, verbose=0)
+            outcome = "ok"
+        except tf.errors.InvalidArgumentError as err:
+            outcome = err.message.splitlines()[-1] if err.message else type(err).__name__
+            outcome = next((line.strip() for line in err.message.splitlines()
+                            if "divisible" in line), outcome)
+    return {"last_split": split, "outcome": outcome}
+
+
+CASES = {
+    f.__name__: f
+    for f in (collective_keys_collide, fit_passes, partial_batch, conv_on_empty_replica)
+}
+
+if __name__ == "__main__":
+    print(json.dumps(CASES[sys.argv[1]]()), flush=True)
