@@ -7,8 +7,10 @@ names that need TensorFlow are imported on first use.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
 
+from hybridpar.cluster import cluster_from_env
 from hybridpar.config import StrategyConfig
 from hybridpar.errors import ConfigError, RuntimeMismatchError
 
@@ -35,6 +37,35 @@ __all__ = [
     "scope",
     "testing",
 ]
+
+
+def _log_to_stderr() -> None:
+    """hybridpar's own INFO lines (mode, sharding) reach stderr unless configured."""
+    logger = logging.getLogger("hybridpar")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def _join_cluster_from_tf_config() -> None:
+    """Joins a multi-worker TF_CONFIG cluster before the user's code runs any op."""
+    cluster = cluster_from_env()
+    if (
+        cluster is not None
+        and cluster.num_ps == 0
+        and cluster.num_workers > 1
+        and cluster.task_type in ("chief", "worker")
+    ):
+        from hybridpar import multiworker
+
+        multiworker.bring_up(cluster)
+
+
+_log_to_stderr()
+_join_cluster_from_tf_config()
 
 
 def __getattr__(name: str) -> Any:

@@ -22,10 +22,55 @@ def _first_tensor(element: Any) -> tf.Tensor:
     return tf.nest.flatten(element)[0]
 
 
+_BATCHING_OPS = ("BatchDataset", "PaddedBatchDataset", "ParallelBatchDataset",
+                 "MapAndBatchDataset", "RebatchDataset", "BucketBySequenceLength")
+_EXAMPLE_SOURCES = ("UnbatchDataset", "TensorSliceDataset", "RangeDataset", "TFRecordDataset",
+                    "TextLineDataset", "FixedLengthRecordDataset", "SparseTensorSliceDataset")
+_PASSTHROUGH = ("MapDataset", "ParallelMapDataset", "PrefetchDataset", "CacheDataset",
+                "MemoryCacheDataset", "RepeatDataset", "ShuffleDataset",
+                "ShuffleAndRepeatDataset", "TakeDataset", "SkipDataset", "FilterDataset",
+                "OptionsDataset", "ModelDataset", "MaxIntraOpParallelismDataset",
+                "PrivateThreadPoolDataset", "AssertCardinalityDataset", "ShardDataset",
+                "AutoShardDataset", "IgnoreErrorsDataset", "AssertNextDataset")
+_NESTING = ("InterleaveDataset", "ParallelInterleaveDataset", "FlatMapDataset")
+
+
+def dataset_graph(dataset: tf.data.Dataset) -> tf.compat.v1.GraphDef:
+    """The dataset's serialized graph (cheap; nothing is read)."""
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(dataset._as_serialized_graph().numpy())
+    return graph
+
+
 def is_batched(dataset: tf.data.Dataset) -> bool:
-    """True when the dataset's elements have a leading (batch) dimension."""
-    spec = tf.nest.flatten(dataset.element_spec)[0]
-    return getattr(spec, "shape", tf.TensorShape(None)).rank not in (None, 0)
+    """True when the dataset yields batches rather than single examples.
+
+    Walks from the output back through ops that keep the element shape (map,
+    prefetch, cache, shuffle, ...) to the op that made the elements: a batch
+    op means batched; a source of single examples (tensor slices, a range,
+    record files, ``unbatch``) means unbatched; an interleave/flat_map is
+    judged by what its function returns (tfds's file interleave yields
+    examples). Anything else (zip, a generator, ``from_tensors``) counts as
+    batched, so hybridpar never batches a dataset a second time.
+    """
+    graph = dataset_graph(dataset)
+    functions = {f.signature.name: f for f in graph.library.function}
+    nodes = {node.name: node for node in graph.node}
+    node = next((n for n in nodes.values() if n.op == "_Retval"), None)
+    while node is not None and node.input:
+        node = nodes.get(node.input[0].split(":")[0].lstrip("^"))
+        if node is None or node.op.startswith(_BATCHING_OPS):
+            return True
+        if node.op.startswith(_EXAMPLE_SOURCES):
+            return False
+        if node.op.startswith(_NESTING):
+            inner = functions.get(node.attr["f"].func.name)
+            ops = [n.op for n in inner.node_def] if inner is not None else []
+            return not (ops and not any(o.startswith(_BATCHING_OPS) for o in ops)
+                        and any(o.startswith(_EXAMPLE_SOURCES) for o in ops))
+        if not node.op.startswith(_PASSTHROUGH):
+            return True
+    return True
 
 
 def split_batches_evenly(dataset: tf.data.Dataset, replicas: int) -> tf.data.Dataset:
@@ -76,7 +121,7 @@ def distribute_evenly(
             for unbatched datasets (TensorFlow then raises its usual error).
     """
     replicas = strategy.num_replicas_in_sync
-    if replicas == 1 or not is_batched(dataset):
+    if replicas == 1 or not isinstance(dataset, tf.data.Dataset) or not is_batched(dataset):
         return fallback(dataset, options)
     per_replica = split_batches_evenly(dataset, replicas)
     return strategy.distribute_datasets_from_function(lambda _: per_replica, options)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -85,6 +86,7 @@ def _run_train(argv: list[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``hybridpar`` console script."""
     argv = list(sys.argv if argv is None else argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's C++ INFO lines
     if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
         print(USAGE, end="")
         sys.exit(0 if len(argv) >= 2 else 2)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import itertools
+import weakref
 from typing import Any
 
 import keras
@@ -28,6 +29,7 @@ from tensorflow.python.distribute import (
 )
 
 from hybridpar import batching
+from hybridpar.errors import ConfigError
 
 VERIFIED_TF = ("2.21",)
 VERIFIED_KERAS = ("3.15",)
@@ -89,6 +91,23 @@ def mirrored_strategy(
     return strategy
 
 
+def multi_worker_strategy(
+    options: tf.distribute.experimental.CommunicationOptions,
+) -> tf.distribute.MultiWorkerMirroredStrategy:
+    """A ``MultiWorkerMirroredStrategy`` with its own collective key base.
+
+    The same upstream class attribute as in ``mirrored_strategy``: the
+    strategy built at cluster bring-up and the one built by ``scope()``
+    would otherwise both start at group key 1.
+    """
+    check_versions()
+    strategy_class = tf.distribute.MultiWorkerMirroredStrategy
+    strategy = strategy_class.__new__(strategy_class)
+    strategy._collective_key_base = next(_key_bases) * _KEY_BASE_STRIDE
+    strategy.__init__(communication_options=options)
+    return strategy
+
+
 def distribute_batches_evenly(strategy: tf.distribute.Strategy) -> None:
     """Makes ``strategy.experimental_distribute_dataset`` split batches evenly.
 
@@ -145,6 +164,48 @@ def _symbolic_build_from_specs(original):
 
     maybe_symbolic_build.__hybridpar_fix__ = True
     return maybe_symbolic_build
+
+
+_global_batch_sizes: weakref.WeakKeyDictionary[tf.distribute.Strategy, int | None] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def register_global_batch_size(strategy: tf.distribute.Strategy, size: int | None) -> None:
+    """Tells the input fix below which global batch a hybridpar strategy uses."""
+    _global_batch_sizes[strategy] = size
+
+
+def _batch_unbatched_datasets(original):
+    """Wraps ``TFEpochIterator.__init__`` to batch unbatched datasets.
+
+    Keras counts the steps of an epoch from the dataset it is given, before
+    the strategy sees it, so a dataset of single examples has to be batched
+    here, where ``fit``/``evaluate``/``predict`` (and validation data) enter,
+    for the progress bar to count the real steps. Only datasets handed to a
+    strategy built by hybridpar are touched; batched ones pass unchanged.
+    """
+
+    @functools.wraps(original)
+    def __init__(self, distribute_strategy=None, *args, **kwargs):
+        x = kwargs.get("x")
+        if (
+            distribute_strategy in _global_batch_sizes
+            and isinstance(x, tf.data.Dataset)
+            and not batching.is_batched(x)
+        ):
+            size = _global_batch_sizes[distribute_strategy]
+            if size is None:
+                raise ConfigError(
+                    "The dataset given to Keras yields single examples and "
+                    "data.global_batch_size is null, so hybridpar cannot batch it. Set "
+                    "data.global_batch_size, or batch the dataset yourself."
+                )
+            kwargs["x"] = x.batch(size)
+        original(self, distribute_strategy, *args, **kwargs)
+
+    __init__.__hybridpar_fix__ = True
+    return __init__
 
 
 _replica_share: contextvars.ContextVar[tuple[tf.Tensor, tf.Tensor] | None] = (
@@ -204,6 +265,30 @@ def _scaled_by_share(original, invert: bool):
     return scale
 
 
+def _mean_over_replicas_for_multi_worker(original):
+    """Wraps Keras's ``reduce_per_replica`` so MWMS metric means work.
+
+    Upstream (Keras 3.15, ``keras/src/backend/tensorflow/trainer.py``): under
+    MultiWorkerMirroredStrategy ``reduction="mean"``/``"auto"`` calls
+    ``strategy.reduce("MEAN", v, axis=0)`` on each logged value; logs are
+    scalars, so every ``fit`` fails with "Invalid reduction dimension 0 for
+    input with 0 dimensions" (tensorflow/tensorflow#72388). The mean over
+    replicas, which is what the single-worker path computes
+    (``reduce_mean(local_results, axis=0)``), is ``axis=None``.
+    """
+
+    @functools.wraps(original)
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction in ("auto", "mean") and keras_tf_trainer._collective_all_reduce_multi_worker(
+            strategy
+        ):
+            return tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
+        return original(values, strategy, reduction)
+
+    reduce_per_replica.__hybridpar_fix__ = True
+    return reduce_per_replica
+
+
 def _patch(owner: Any, name: str, wrap) -> None:
     current = getattr(owner, name)
     if not getattr(current, "__hybridpar_fix__", False):
@@ -216,6 +301,8 @@ def install() -> None:
     trainer = keras_tf_trainer.TensorFlowTrainer
     _patch(trainer, "_maybe_symbolic_build", _symbolic_build_from_specs)
     _patch(trainer, "train_step", _train_step_with_replica_share)
+    _patch(keras_tf_trainer, "reduce_per_replica", _mean_over_replicas_for_multi_worker)
+    _patch(keras_tf_trainer.TFEpochIterator, "__init__", _batch_unbatched_datasets)
     _patch(keras_loss, "scale_loss_for_distribution",
            functools.partial(_scaled_by_share, invert=False))
     _patch(keras_loss, "unscale_loss_for_distribution",

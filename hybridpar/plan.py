@@ -83,6 +83,20 @@ def select_devices(config: StrategyConfig, available: Sequence[str]) -> tuple[st
     return tuple(d for d in available if device_kind(d) == "CPU")
 
 
+def _multi_worker_devices(config: StrategyConfig, selected: tuple[str, ...]) -> tuple[str, ...]:
+    """MultiWorkerMirroredStrategy trains on every local GPU, else on CPU:0."""
+    gpus = tuple(d for d in selected if device_kind(d) == "GPU")
+    devices = gpus or ("/device:CPU:0",)
+    if config.data_parallel.devices is not None and tuple(config.data_parallel.devices) != devices:
+        raise RuntimeMismatchError(
+            "data_parallel.mode='multi_worker' trains on every local GPU, or on CPU:0 when "
+            f"there is none ({', '.join(devices)} here), but data_parallel.devices lists "
+            f"{', '.join(config.data_parallel.devices)}. Set data_parallel.devices to null "
+            "(or to exactly those devices)."
+        )
+    return devices
+
+
 def make_plan(
     config: StrategyConfig, available: Sequence[str], cluster: ClusterInfo | None = None
 ) -> Plan:
@@ -116,6 +130,8 @@ def make_plan(
                 f"data_parallel.devices lists {len(devices)}. Use mode 'mirrored'."
             )
         devices = devices[:stages]
+    if mode == "multi_worker":
+        devices = _multi_worker_devices(config, devices)
     mesh = DeviceMesh(devices, stages)
     num_workers = cluster.num_workers if cluster is not None and mode == "multi_worker" else 1
     plan = Plan(mode=mode, mesh=mesh, num_workers=num_workers, explicit_devices=explicit)

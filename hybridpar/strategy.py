@@ -116,9 +116,21 @@ def current() -> HybridStrategy | None:
     return _active.stack[-1] if _active.stack else None
 
 
-def local_device_names() -> list[str]:
-    """Names of the local logical devices (this initialises TensorFlow's devices)."""
-    return [d.name for d in tf.config.list_logical_devices()]
+def local_device_names(cluster: ClusterInfo | None = None) -> list[str]:
+    """This process's logical devices as ``/device:TYPE:i`` (initialises TF's devices).
+
+    Once a process joined a cluster, TensorFlow also lists the other tasks'
+    devices; only this task's own are returned.
+    """
+    names = []
+    for device in tf.config.list_logical_devices():
+        spec = tf.DeviceSpec.from_string(device.name)
+        if cluster is not None and spec.job not in (None, "localhost") and (
+            spec.job != cluster.task_type or (spec.task or 0) != cluster.task_index
+        ):
+            continue
+        names.append(f"/device:{spec.device_type}:{spec.device_index}")
+    return names
 
 
 def _unsupported(what: str, received: str) -> ConfigError:
@@ -128,13 +140,15 @@ def _unsupported(what: str, received: str) -> ConfigError:
     )
 
 
-def _build_none(plan: Plan, config: StrategyConfig) -> tf.distribute.Strategy:
-    if plan.explicit_devices:
-        return tf.distribute.OneDeviceStrategy(plan.mesh.devices[0])
-    return tf.distribute.get_strategy()
+def _build_none(
+    plan: Plan, config: StrategyConfig, cluster: ClusterInfo | None
+) -> tf.distribute.Strategy:
+    return tf.distribute.OneDeviceStrategy(plan.mesh.devices[0])
 
 
-def _build_mirrored(plan: Plan, config: StrategyConfig) -> tf.distribute.Strategy:
+def _build_mirrored(
+    plan: Plan, config: StrategyConfig, cluster: ClusterInfo | None
+) -> tf.distribute.Strategy:
     devices = plan.mesh.devices
     implementation = config.communication.implementation
     if implementation == "nccl" and any(device_kind(d) != "GPU" for d in devices):
@@ -145,9 +159,19 @@ def _build_mirrored(plan: Plan, config: StrategyConfig) -> tf.distribute.Strateg
     return keras_compat.mirrored_strategy(devices, ring=implementation == "ring")
 
 
-_BUILDERS: dict[str, Callable[[Plan, StrategyConfig], tf.distribute.Strategy]] = {
+def _build_multi_worker(
+    plan: Plan, config: StrategyConfig, cluster: ClusterInfo | None
+) -> tf.distribute.Strategy:
+    from hybridpar import multiworker
+
+    return multiworker.build_strategy(config, cluster)
+
+
+_Builder = Callable[[Plan, StrategyConfig, ClusterInfo | None], tf.distribute.Strategy]
+_BUILDERS: dict[str, _Builder] = {
     "none": _build_none,
     "mirrored": _build_mirrored,
+    "multi_worker": _build_multi_worker,
 }
 
 
@@ -167,7 +191,7 @@ def build(config: StrategyConfig | None = None) -> HybridStrategy:
         )
     keras_compat.install()
     cluster = cluster_from_env()
-    plan = make_plan(config, local_device_names(), cluster)
+    plan = make_plan(config, local_device_names(cluster), cluster)
     if plan.mesh.stages > 1:
         raise _unsupported("Model parallelism", f"model_parallel.stages={plan.mesh.stages}")
     if config.model_parallel.microbatches > 1:
@@ -180,7 +204,8 @@ def build(config: StrategyConfig | None = None) -> HybridStrategy:
     builder = _BUILDERS.get(plan.mode)
     if builder is None:
         raise _unsupported(f"Mode {plan.mode!r}", f"data_parallel.mode resolved to {plan.mode!r}")
-    strategy = builder(plan, config)
+    strategy = builder(plan, config, cluster)
+    keras_compat.register_global_batch_size(strategy, config.data.global_batch_size)
     logger.info(
         "hybridpar: mode=%s replicas=%d devices=%s",
         plan.mode,

@@ -44,11 +44,12 @@ def test_default_scope_is_mirrored_over_every_logical_cpu():
     assert not tf.distribute.has_strategy()
 
 
-def test_mode_none_is_the_default_strategy():
+def test_mode_none_is_one_device():
     with hybridpar.scope({"data_parallel": {"mode": "none"}}) as hs:
         assert hs.mode == "none"
         assert hs.num_replicas == 1
-        assert hs.strategy is tf.distribute.get_strategy()
+        assert isinstance(hs.strategy, tf.distribute.OneDeviceStrategy)
+        assert hs.devices == ("/device:CPU:0",)
 
 
 def test_mode_none_on_a_listed_device_places_variables_there():
@@ -158,7 +159,8 @@ def test_nccl_on_cpus_is_refused():
         ({"data": {"global_batch_size": 8}, "model_parallel": {"microbatches": 2}},
          "Pipelining is not available"),
         ({"communication": {"compression": "fp16"}}, "Gradient compression is not available"),
-        ({"data_parallel": {"mode": "multi_worker"}}, "Mode 'multi_worker' is not available"),
+        ({"data_parallel": {"mode": "parameter_server"}},
+         "Mode 'parameter_server' is not available"),
     ],
 )
 def test_reserved_features_fail_clearly(config, match):
