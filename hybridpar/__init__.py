@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+import sys
 from typing import Any
 
 from hybridpar.cluster import cluster_from_env
@@ -50,8 +52,18 @@ def _log_to_stderr() -> None:
         logger.propagate = False
 
 
+def _is_launcher() -> bool:
+    """True in `hybridpar launch`/`tf-config` processes, which must not join a cluster."""
+    program = sys.argv[0] if sys.argv else ""
+    if program.endswith(os.path.join("hybridpar", "launch.py")):
+        return True
+    return os.path.basename(program) == "hybridpar" and sys.argv[1:2] in (["launch"], ["tf-config"])
+
+
 def _join_cluster_from_tf_config() -> None:
     """Joins a multi-worker TF_CONFIG cluster before the user's code runs any op."""
+    if _is_launcher():
+        return
     cluster = cluster_from_env()
     if (
         cluster is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -13,6 +14,7 @@ import keras
 from hybridpar.config import CheckpointConfig, StrategyConfig
 from hybridpar.errors import ConfigError
 
+logger = logging.getLogger("hybridpar")
 _CHECKPOINT_RE = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 
 
@@ -114,20 +116,32 @@ class Throughput(keras.callbacks.Callback):
             logs["examples_per_sec"] = rate
 
 
-def defaults(config: StrategyConfig) -> list[keras.callbacks.Callback]:
+def defaults(config: StrategyConfig, hybrid: Any = None) -> list[keras.callbacks.Callback]:
     """The callbacks ``config.checkpoint`` asks for.
 
     With ``checkpoint.dir`` set: periodic weight checkpoints under
     ``<dir>/weights`` and, if ``backup_and_restore``, Keras's
     ``BackupAndRestore`` under ``<dir>/backup`` so a relaunched run resumes.
+    Under a multi-worker ``hybrid`` strategy only the chief writes to ``dir``
+    (the others to private temporary dirs), and backup/restore is left out:
+    Keras's restores each worker from its own dir, which would let workers
+    diverge after a restart.
+
+    Args:
+        config: the config.
+        hybrid: the active ``HybridStrategy`` (default: ``hybridpar.current()``).
 
     Raises:
         ConfigError: if ``checkpoint.dir`` cannot be written (before training).
     """
+    from hybridpar.strategy import current
+
+    hybrid = hybrid if hybrid is not None else current()
     checkpoint = config.checkpoint
     if checkpoint.dir is None:
         return []
-    root = ensure_writable(checkpoint.dir)
+    directory = hybrid.output_dir(checkpoint.dir) if hybrid is not None else checkpoint.dir
+    root = ensure_writable(directory)
     weights = CheckpointConfig(
         dir=str(root / "weights"),
         every_steps=checkpoint.every_steps,
@@ -135,7 +149,13 @@ def defaults(config: StrategyConfig) -> list[keras.callbacks.Callback]:
         keep=checkpoint.keep,
     )
     result: list[keras.callbacks.Callback] = [PeriodicCheckpoint(weights)]
-    if checkpoint.backup_and_restore:
+    multi_worker = hybrid is not None and hybrid.mode == "multi_worker"
+    if checkpoint.backup_and_restore and multi_worker:
+        logger.warning(
+            "hybridpar: checkpoint.backup_and_restore is not applied under multi_worker yet "
+            "(Keras restores each worker from its own directory); periodic checkpoints are."
+        )
+    elif checkpoint.backup_and_restore:
         result.append(
             keras.callbacks.BackupAndRestore(
                 backup_dir=str(root / "backup"),

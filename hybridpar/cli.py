@@ -22,7 +22,11 @@ flags.DEFINE_string("data_dir", None, "tensorflow-datasets data dir (overrides t
 flags.DEFINE_integer("logical_cpus", None, "Split the CPU into N logical devices (CPU-only hosts).")
 flags.DEFINE_integer("verbose", 1, "Keras verbosity: 0 silent, 1 progress bar, 2 one line/epoch.")
 
-COMMANDS = {"train": "train a model from a config (see `hybridpar train --helpfull`)"}
+COMMANDS = {
+    "train": "train a model from a config (see `hybridpar train --helpfull`)",
+    "launch": "start a local cluster: hybridpar launch --workers N [--ps M] -- CMD ...",
+    "tf-config": "print the TF_CONFIG for one task of a cluster",
+}
 USAGE = "usage: hybridpar COMMAND [FLAGS]\n\ncommands:\n" + "".join(
     f"  {name:8s}{text}\n" for name, text in COMMANDS.items()
 )
@@ -97,7 +101,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             file=sys.stderr,
         )
         sys.exit(2)
-    _run_train([f"hybridpar {command}", *argv[2:]])
+    if command == "train":
+        _run_train([f"hybridpar {command}", *argv[2:]])
+    from hybridpar import launch
+
+    run = launch.main if command == "launch" else launch.tf_config_main
+    sys.exit(run(argv[2:]))
 
 
 if __name__ == "__main__":

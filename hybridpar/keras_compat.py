@@ -8,10 +8,12 @@ upstream changes.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import itertools
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -21,6 +23,7 @@ from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 from keras.src.losses import loss as keras_loss
 from keras.src.trainers.data_adapters import data_adapter_utils
 from tensorflow.python.distribute import (
+    collective_all_reduce_strategy,
     collective_util,
     cross_device_utils,
 )
@@ -92,20 +95,49 @@ def mirrored_strategy(
 
 
 def multi_worker_strategy(
-    options: tf.distribute.experimental.CommunicationOptions,
+    options: tf.distribute.experimental.CommunicationOptions, *, server_running: bool
 ) -> tf.distribute.MultiWorkerMirroredStrategy:
     """A ``MultiWorkerMirroredStrategy`` with its own collective key base.
 
-    The same upstream class attribute as in ``mirrored_strategy``: the
-    strategy built at cluster bring-up and the one built by ``scope()``
-    would otherwise both start at group key 1.
+    Two upstream behaviours are corrected. The collective key base is the
+    same class attribute as in ``mirrored_strategy``: the strategy built at
+    cluster bring-up and the one built by ``scope()`` would otherwise share
+    group keys. And every new instance re-enables collective ops on the
+    running context (``CollectiveAllReduceExtended._initialize_multi_worker``
+    checks ``_std_server_started`` on the new instance only): that resets the
+    collective executor while a peer may already be sending to it, and the
+    first variable broadcast then hangs now and again. When this process's
+    server is already running, the new instance is marked as started, so it
+    only builds its collectives (its health checks stay with the coordination
+    service, as for the first instance).
     """
     check_versions()
     strategy_class = tf.distribute.MultiWorkerMirroredStrategy
     strategy = strategy_class.__new__(strategy_class)
     strategy._collective_key_base = next(_key_bases) * _KEY_BASE_STRIDE
-    strategy.__init__(communication_options=options)
+    extended_class = collective_all_reduce_strategy.CollectiveAllReduceExtended
+    if not server_running:
+        strategy.__init__(communication_options=options)
+        return strategy
+    with _class_attributes(extended_class, _std_server_started=True, _enable_check_health=False):
+        strategy.__init__(communication_options=options)
     return strategy
+
+
+@contextlib.contextmanager
+def _class_attributes(owner: type, **values: Any) -> Iterator[None]:
+    """Sets class attributes for the duration of the block."""
+    saved = {name: owner.__dict__[name] for name in values if name in owner.__dict__}
+    for name, value in values.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name in values:
+            if name in saved:
+                setattr(owner, name, saved[name])
+            else:
+                delattr(owner, name)
 
 
 def distribute_batches_evenly(strategy: tf.distribute.Strategy) -> None:

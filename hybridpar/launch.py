@@ -520,7 +520,11 @@ class LocalCluster:
 
 
 class _SignalWatcher:
-    """Records SIGINT/SIGTERM/SIGHUP while active (main thread only; ignored ones stay ignored)."""
+    """Records SIGINT/SIGTERM/SIGHUP while active (main thread only).
+
+    SIGINT and SIGTERM are always handled, even when the caller ignored them (as a
+    shell does for background jobs); an ignored SIGHUP (nohup) stays ignored.
+    """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -531,8 +535,8 @@ class _SignalWatcher:
     def __enter__(self) -> _SignalWatcher:
         if threading.current_thread() is threading.main_thread():
             for signum in self.SIGNALS:
-                if signal.getsignal(signum) is signal.SIG_IGN:  # e.g. under nohup: keep ignoring
-                    continue
+                if signum == signal.SIGHUP and signal.getsignal(signum) is signal.SIG_IGN:
+                    continue  # under nohup: keep ignoring hangups
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
@@ -606,7 +610,8 @@ def launch(
             finally:
                 cluster.stop(grace, hurry=signals.repeated)
             failed_task = outcome.task if outcome.reason == "failed" else None
-            if failed_task is not None and restart < max_restarts and not signals.first():
+            time_left = deadline is None or time.monotonic() < deadline
+            if failed_task and restart < max_restarts and time_left and not signals.first():
                 output.info(restart_line(failed_task, outcome.exit_code, restart + 1, max_restarts))
                 continue
             if signals.first() and outcome.reason != "signal":

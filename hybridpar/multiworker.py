@@ -165,7 +165,9 @@ def build_strategy(
         )
     if cluster is not None:
         bring_up(cluster)
-    strategy = keras_compat.multi_worker_strategy(communication_options(config))
+    strategy = keras_compat.multi_worker_strategy(
+        communication_options(config), server_running=cluster is not None
+    )
     distribute = strategy.experimental_distribute_dataset
     workers = cluster.num_workers if cluster is not None else 1
     policy = config.data.shard_policy

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -64,6 +67,21 @@ class HybridStrategy:
         """True for the process that writes logs, checkpoints and saved models."""
         return self.cluster is None or self.cluster.is_chief
 
+    def output_dir(self, path: str | os.PathLike) -> Path:
+        """Where this process writes files meant for ``path``.
+
+        The chief writes to ``path`` itself; every other worker gets a private
+        temporary directory, removed when the process exits, so logs, saved
+        models and checkpoints come from the chief only and workers never
+        collide on a shared file system.
+        """
+        if self.is_chief:
+            return Path(path)
+        task = f"{self.cluster.task_type}-{self.cluster.task_index}" if self.cluster else "task"
+        private = Path(tempfile.mkdtemp(prefix=f"hybridpar-{task}-"))
+        atexit.register(shutil.rmtree, private, ignore_errors=True)
+        return private
+
     def callbacks(self) -> list[Any]:
         """The Keras callbacks the config asks for (checkpoints, backup/restore).
 
@@ -72,7 +90,7 @@ class HybridStrategy:
         """
         from hybridpar import callbacks
 
-        return callbacks.defaults(self.config)
+        return callbacks.defaults(self.config, hybrid=self)
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[HybridStrategy]:

@@ -99,7 +99,8 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
     """Trains ``config.train.model`` under ``hybridpar.scope(config)``.
 
     Writes TensorBoard logs to ``<model_dir>/logs``, the saved model to
-    ``<model_dir>/model.keras`` and the summary to ``<model_dir>/summary.json``.
+    ``<model_dir>/model.keras`` and the summary to ``<model_dir>/summary.json``
+    (on the chief; other workers write to private temporary dirs).
 
     Raises:
         ConfigError: for a config that cannot train (before any training).
@@ -112,11 +113,11 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
             "hybridpar train needs data.global_batch_size. Received: null. "
             "Set it in the config or with --set data.global_batch_size=64."
         )
-    model_dir = hp_callbacks.ensure_writable(model_dir, key="--model_dir")
     info = data.dataset_info(settings.dataset, settings.data_dir)
     keras.utils.set_random_seed(settings.seed)
     started = time.perf_counter()
     with scope(config) as hybrid:
+        model_dir = hp_callbacks.ensure_writable(hybrid.output_dir(model_dir), key="--model_dir")
         train_data = input_pipeline(config, settings.train_split, training=True)
         eval_data = (
             input_pipeline(config, settings.eval_split, training=False)

@@ -1,0 +1,191 @@
+"""Multi-worker training as users run it: real processes, TF_CONFIG, localhost.
+
+Clusters are started with `hybridpar launch`; every worker runs the plain
+`model.fit` script in scripts/train_digits.py.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy as np
+import portpicker
+import pytest
+
+pytestmark = [pytest.mark.multiworker, pytest.mark.slow]
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = pathlib.Path(__file__).with_name("scripts") / "train_digits.py"
+BIN = pathlib.Path(sys.executable).parent
+
+
+def environment(**extra: str) -> dict:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **extra}
+    env.pop("TF_CONFIG", None)
+    return env
+
+
+def launch(workers: int, *command: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "hybridpar.launch", "--workers", str(workers),
+         "--timeout", str(timeout), "--", *command],
+        capture_output=True, text=True, cwd=ROOT, env=environment(), timeout=timeout + 60,
+    )
+
+
+def train_digits(out: pathlib.Path, data_dir: str, *args: str) -> list[str]:
+    return [sys.executable, str(SCRIPT), "--out", str(out), "--data_dir", data_dir, *args]
+
+
+def results(out: pathlib.Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))}
+
+
+def max_weight_diff(a: dict, b: dict) -> float:
+    return max(float(np.max(np.abs(np.array(x) - np.array(y))))
+               for x, y in zip(a["weights"], b["weights"], strict=True))
+
+
+def test_two_workers_train_like_one_process(tmp_path, digits_data_dir):
+    args = ("--shard_policy", "data", "--epochs", "2", "--shuffle")
+    result = launch(2, *train_digits(tmp_path / "cluster", digits_data_dir, *args))
+    assert result.returncode == 0, result.stderr[-4000:]
+    single = subprocess.run(train_digits(tmp_path / "single", digits_data_dir, *args),
+                            capture_output=True, text=True, env=environment(), timeout=300)
+    assert single.returncode == 0, single.stderr[-4000:]
+
+    workers = results(tmp_path / "cluster")
+    reference = results(tmp_path / "single")["single"]
+    assert set(workers) == {"worker-0", "worker-1"}
+    assert [w["mode"] for w in workers.values()] == ["multi_worker", "multi_worker"]
+    assert [w["num_replicas"] for w in workers.values()] == [2, 2]
+    assert [w["is_chief"] for w in workers.values()] == [True, False]
+    assert max_weight_diff(workers["worker-0"], workers["worker-1"]) == 0.0
+    assert max_weight_diff(workers["worker-0"], reference) <= 1e-5
+    np.testing.assert_allclose(workers["worker-0"]["history"]["loss"],
+                               reference["history"]["loss"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["data", "file"])
+def test_every_example_is_trained_on_exactly_once_per_epoch(policy, tmp_path, digits_data_dir):
+    result = launch(2, *train_digits(tmp_path, digits_data_dir, "--shard_policy", policy))
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert f"sharding the input by {policy.upper()} over 2 workers" in result.stderr
+    counts = sum(np.array(r["counts"]) for r in results(tmp_path).values())
+    train_ids = np.arange(1500)  # hybridpar_digits: ids 0..1499 are the train split
+    assert counts[train_ids].tolist() == [1] * 1500
+    assert counts.sum() == 1500
+
+
+def test_auto_policy_picks_file_for_sharded_tfds(tmp_path, digits_data_dir):
+    result = launch(2, *train_digits(tmp_path, digits_data_dir))
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert ("sharding the input by FILE over 2 workers (file-based input with 8 files >= 2 "
+            "workers)") in result.stderr
+    assert result.stderr.count("sharding the input by") == 2  # once per worker, not per step
+
+
+def test_multi_worker_preset_through_launch(tmp_path, digits_data_dir):
+    model_dir, checkpoints = tmp_path / "model", tmp_path / "checkpoints"
+    result = launch(2, str(BIN / "hybridpar"), "train", "--config", "configs/multi_worker.yaml",
+                    "--model_dir", str(model_dir), "--data_dir", digits_data_dir,
+                    "--set", f"checkpoint.dir={checkpoints}", "--set", "train.epochs=2",
+                    "--verbose", "2")
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads((model_dir / "summary.json").read_text())
+    assert summary["mode"] == "multi_worker" and summary["num_replicas"] == 2
+    assert (model_dir / "model.keras").exists()
+    assert sorted(p.name for p in (checkpoints / "weights").iterdir()) == [
+        "ckpt-00000024.weights.h5", "ckpt-00000048.weights.h5"]
+    private = [line for line in result.stdout.splitlines()
+               if line.startswith("[worker:1]") and "saved model" in line]
+    assert private and str(model_dir) not in private[0]
+    assert not pathlib.Path(private[0].split()[-1]).exists()  # removed at exit
+
+
+def test_a_failed_worker_stops_the_cluster(tmp_path, digits_data_dir):
+    started = time.monotonic()
+    result = launch(2, *train_digits(tmp_path, digits_data_dir, "--epochs", "50",
+                                     "--fail_task", "worker:1", "--fail_epoch", "1"))
+    elapsed = time.monotonic() - started
+    assert result.returncode == 3, result.stderr[-4000:]
+    assert "worker:1 fails at epoch 1" in result.stdout
+    assert elapsed < 60  # start-up and one epoch, then stopped within seconds
+
+
+def test_a_dead_peer_raises_instead_of_hanging(tmp_path, digits_data_dir):
+    ports = [portpicker.pick_unused_port() for _ in range(2)]
+    cluster = {"worker": [f"localhost:{p}" for p in ports]}
+    processes = []
+    for index in range(2):
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+        processes.append(subprocess.Popen(
+            train_digits(tmp_path, digits_data_dir, "--epochs", "50", "--timeout", "10",
+                         "--fail_task", "worker:1", "--fail_epoch", "1", "--fail_signal"),
+            env={**environment(HYBRIDPAR_TASK=f"worker:{index}"), "TF_CONFIG": tf_config},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        _, stderr = processes[0].communicate(timeout=120)
+    finally:
+        for process in processes:
+            process.kill()
+    assert processes[0].returncode != 0
+    assert "task:1" in stderr and ("unhealthy" in stderr or "timed out" in stderr.lower())
+
+
+def run_python(code: str, tf_config: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**environment(), "TF_CONFIG": tf_config}, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "tf_config, message",
+    [
+        ("{not json", "TF_CONFIG is not valid JSON"),
+        ('{"cluster": {"worker": ["localhost:1", "localhost:2"]}, '
+         '"task": {"type": "worker", "index": 2}}', "task index 2 is out of range"),
+        ('{"cluster": {"wrker": ["localhost:1"]}, "task": {"type": "wrker", "index": 0}}',
+         'unknown job type \'wrker\'. Did you mean "worker"?'),
+    ],
+)
+def test_bad_tf_config_fails_at_import(tf_config, message):
+    started = time.monotonic()
+    result = run_python("import hybridpar", tf_config)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert time.monotonic() - started < 30
+
+
+def test_multi_worker_mode_refuses_a_cluster_with_ps():
+    tf_config = json.dumps({"cluster": {"chief": ["localhost:1"], "worker": ["localhost:2"],
+                                        "ps": ["localhost:3"]},
+                            "task": {"type": "chief", "index": 0}})
+    code = ("import hybridpar\n"
+            "with hybridpar.scope({'data_parallel': {'mode': 'multi_worker'}}):\n    pass\n")
+    result = run_python(code, tf_config)
+    assert result.returncode != 0
+    assert "mode='multi_worker' cannot use a cluster with 'ps' tasks" in result.stderr
+
+
+def test_workers_given_different_cluster_specs_fail_fast(tmp_path):
+    ports = [portpicker.pick_unused_port() for _ in range(3)]
+    workers = [f"localhost:{p}" for p in ports[:2]]
+    specs = [{"worker": workers}, {"worker": workers, "evaluator": [f"localhost:{ports[2]}"]}]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", "import hybridpar"],
+            env={**environment(), "TF_CONFIG": json.dumps(
+                {"cluster": specs[i], "task": {"type": "worker", "index": i}})},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]
+    try:
+        outputs = [p.communicate(timeout=120)[1] for p in processes]
+    finally:
+        for process in processes:
+            process.kill()
+    assert all(p.returncode != 0 for p in processes)
+    assert all("TF_CONFIG cluster specs differ between tasks" in err for err in outputs)
