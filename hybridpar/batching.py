@@ -1,14 +1,9 @@
-"""How global batches reach the replicas.
+"""What a tf.data pipeline yields, read from its graph without reading data.
 
-``tf.distribute`` splits a batched dataset into per-replica batches of fixed
-size, front first: a final partial batch of 92 examples over 4 replicas of 32
-becomes 32, 32, 28 and 0. A replica with no examples is harmful: oneDNN's
-fused convolution returns a wrongly shaped result for an empty batch (the
-next layer then fails with "input depth must be evenly divisible by filter
-depth"), and batch statistics of zero examples are NaN. hybridpar instead
-splits every global batch evenly (92 -> 23, 23, 23, 23), so replicas differ
-by at most one example. Only a final batch with fewer examples than replicas
-still leaves some replicas empty; no example is ever dropped.
+hybridpar batches datasets of single examples itself and leaves batched ones
+alone, and it splits global batches over replicas evenly (see
+``keras_compat.distribute_batches_evenly``); both need to know whether and
+how a dataset is batched.
 """
 
 from __future__ import annotations
@@ -73,55 +68,10 @@ def is_batched(dataset: tf.data.Dataset) -> bool:
     return True
 
 
-def split_batches_evenly(dataset: tf.data.Dataset, replicas: int) -> tf.data.Dataset:
-    """Turns a dataset of global batches into consecutive per-replica batches.
-
-    Each global batch becomes ``replicas`` batches whose sizes differ by at
-    most one, in order (replica 0 gets the first examples).
-
-    Args:
-        dataset: a batched dataset.
-        replicas: replicas that consume one global batch together.
-
-    Returns:
-        A dataset with ``replicas`` elements per global batch.
-    """
-
-    def split(*element: Any) -> tf.data.Dataset:
-        batch = element[0] if len(element) == 1 else element
-        size = tf.shape(_first_tensor(batch), out_type=tf.int64)[0]
-        sizes = size // replicas + tf.cast(tf.range(replicas, dtype=tf.int64) < size % replicas,
-                                          tf.int64)
-        starts = tf.cumsum(sizes, exclusive=True)
-
-        def take(index: tf.Tensor) -> Any:
-            return tf.nest.map_structure(
-                lambda t: t[starts[index] : starts[index] + sizes[index]], batch
-            )
-
-        return tf.data.Dataset.range(replicas).map(take)
-
-    return dataset.flat_map(split)
-
-
-def distribute_evenly(
-    strategy: tf.distribute.Strategy,
-    dataset: tf.data.Dataset,
-    options: tf.distribute.InputOptions | None = None,
-    *,
-    fallback: Any,
-) -> Any:
-    """``experimental_distribute_dataset`` with even per-replica splits.
-
-    Args:
-        strategy: a single-worker strategy with several replicas.
-        dataset: the user's dataset of global batches.
-        options: passed on to TensorFlow.
-        fallback: the strategy's own ``experimental_distribute_dataset``, used
-            for unbatched datasets (TensorFlow then raises its usual error).
-    """
-    replicas = strategy.num_replicas_in_sync
-    if replicas == 1 or not isinstance(dataset, tf.data.Dataset) or not is_batched(dataset):
-        return fallback(dataset, options)
-    per_replica = split_batches_evenly(dataset, replicas)
-    return strategy.distribute_datasets_from_function(lambda _: per_replica, options)
+def static_batch_size(dataset: tf.data.Dataset) -> int | None:
+    """The batch size when every element has the same static leading size."""
+    sizes = {
+        spec.shape[0] if getattr(spec, "shape", None) is not None and spec.shape.rank else None
+        for spec in tf.nest.flatten(dataset.element_spec)
+    }
+    return sizes.pop() if len(sizes) == 1 else None

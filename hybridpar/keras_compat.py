@@ -22,6 +22,7 @@ from keras.src import tree
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 from keras.src.losses import loss as keras_loss
 from keras.src.trainers.data_adapters import data_adapter_utils
+from tensorflow.python.data.experimental.ops import distribute as distribute_ops
 from tensorflow.python.distribute import (
     collective_all_reduce_strategy,
     collective_util,
@@ -143,19 +144,34 @@ def _class_attributes(owner: type, **values: Any) -> Iterator[None]:
 def distribute_batches_evenly(strategy: tf.distribute.Strategy) -> None:
     """Makes ``strategy.experimental_distribute_dataset`` split batches evenly.
 
-    Upstream (TF 2.21, ``input_lib._make_rebatch_fn``): file-based datasets
-    are rebatched front-first, so a final partial batch leaves replicas empty,
-    and oneDNN's fused Conv2D returns a wrongly shaped tensor for an empty
-    batch ("input depth must be evenly divisible by filter depth: 1 vs 32").
-    Keras's ``model.fit`` calls this method on the strategy, so replacing it
-    on hybridpar's own strategy instances fixes every fit/evaluate/predict
-    without touching Keras. See ``hybridpar.batching``.
+    Upstream (TF 2.21, ``input_lib._make_rebatch_fn``): when TensorFlow can
+    read a batch size from the dataset graph (file-based pipelines), it
+    rebatches front-first, so a final partial batch of 92 examples over 4
+    replicas becomes 32, 32, 28 and 0. An empty replica is harmful: oneDNN's
+    fused Conv2D returns a wrongly shaped tensor for an empty batch ("input
+    depth must be evenly divisible by filter depth: 1 vs 32") and batch
+    statistics of zero examples are NaN. Here every global batch is split
+    evenly (23, 23, 23, 23) with TensorFlow's own even-split rebatch op, the
+    one it uses when it cannot read a batch size. Datasets whose batches
+    have one static size that divides over the replicas (``drop_remainder``)
+    are already even and pass unchanged, keeping their static shapes. Only a
+    final batch with fewer examples than replicas still leaves replicas
+    empty; no example is dropped. Keras's ``model.fit`` calls this method on
+    the strategy, so replacing it on hybridpar's own instances covers every
+    fit/evaluate/predict without touching Keras.
     """
     fallback = strategy.experimental_distribute_dataset
 
     @functools.wraps(fallback)
     def experimental_distribute_dataset(dataset, options=None):
-        return batching.distribute_evenly(strategy, dataset, options, fallback=fallback)
+        replicas = strategy.num_replicas_in_sync
+        if replicas == 1 or not isinstance(dataset, tf.data.Dataset):
+            return fallback(dataset, options)
+        size = batching.static_batch_size(dataset)
+        if not batching.is_batched(dataset) or (size is not None and size % replicas == 0):
+            return fallback(dataset, options)
+        per_replica = distribute_ops._LegacyRebatchDataset(dataset, replicas)
+        return strategy.distribute_datasets_from_function(lambda _: per_replica, options)
 
     strategy.experimental_distribute_dataset = experimental_distribute_dataset
 
