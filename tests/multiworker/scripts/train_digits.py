@@ -12,11 +12,11 @@ import os
 import pathlib
 import signal
 
-import hybridpar  # first: joins the TF_CONFIG cluster before any TensorFlow op
+import keras
+import numpy as np
+import tensorflow as tf
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import hybridpar  # joins the TF_CONFIG cluster before the first TensorFlow op below
 
 NUM_EXAMPLES = 1797
 
