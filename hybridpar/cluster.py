@@ -130,7 +130,70 @@ def parse_tf_config(text: str | None) -> ClusterInfo | None:
     return ClusterInfo(jobs=jobs, task_type=task_type, task_index=task_index)
 
 
+def tf_config_json(cluster: ClusterInfo) -> str:
+    """The ``TF_CONFIG`` value that describes ``cluster`` and this task."""
+    return json.dumps(
+        {
+            "cluster": {job: list(tasks) for job, tasks in cluster.jobs.items()},
+            "task": {"type": cluster.task_type, "index": cluster.task_index},
+        }
+    )
+
+
+def cluster_from_slurm(port_base: int = 8888) -> ClusterInfo | None:
+    """Resolves a Slurm job step with TensorFlow's own ``SlurmClusterResolver``.
+
+    Every task of the step becomes a worker, at ``<host>:<port_base + i>``
+    for the i-th task on a host.
+
+    Returns:
+        The cluster, or ``None`` outside a Slurm step with several tasks.
+
+    Raises:
+        ConfigError: when the Slurm environment cannot be resolved.
+    """
+    if "SLURM_PROCID" not in os.environ or int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) < 2:
+        return None
+    from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    gpus = len([d for d in visible.split(",") if d.strip()])
+    # Without GPUs the resolver divides the node's 0 GPUs among its tasks and
+    # fails (range step 0); one placeholder slot per task, with nothing set
+    # in CUDA_VISIBLE_DEVICES, gives every task its port.
+    slots = {"gpus_per_node": gpus} if gpus else {
+        "gpus_per_node": int(os.environ["SLURM_STEP_NUM_TASKS"]), "gpus_per_task": 1}
+    try:
+        resolver = slurm_cluster_resolver.SlurmClusterResolver(
+            port_base=port_base, auto_set_gpu=gpus > 0, **slots
+        )
+        spec = resolver.cluster_spec().as_dict()
+    except (RuntimeError, KeyError, ValueError) as err:
+        raise ConfigError(
+            f"Cannot resolve the Slurm job step into a cluster ({err}). Run inside `srun` "
+            "with SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST and "
+            "SLURM_STEP_TASKS_PER_NODE set, or set TF_CONFIG yourself."
+        ) from None
+    task_type, task_index = resolver.get_task_info()
+    return parse_tf_config(
+        json.dumps({"cluster": spec, "task": {"type": task_type, "index": task_index}})
+    )
+
+
 def cluster_from_env(environ: Mapping[str, str] | None = None) -> ClusterInfo | None:
-    """Reads the cluster from ``TF_CONFIG`` in ``environ`` (default: os.environ)."""
+    """Reads the cluster from ``TF_CONFIG``, or else from a Slurm job step.
+
+    A cluster resolved from Slurm is exported as ``TF_CONFIG`` so that
+    TensorFlow's strategies see the same cluster.
+
+    Args:
+        environ: where to read ``TF_CONFIG`` (default: os.environ); Slurm is
+            read from os.environ.
+    """
     environ = os.environ if environ is None else environ
-    return parse_tf_config(environ.get("TF_CONFIG"))
+    if environ.get("TF_CONFIG", "").strip():
+        return parse_tf_config(environ["TF_CONFIG"])
+    cluster = cluster_from_slurm()
+    if cluster is not None:
+        os.environ["TF_CONFIG"] = tf_config_json(cluster)
+    return cluster

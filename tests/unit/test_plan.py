@@ -1,6 +1,7 @@
 """Runtime planning, device names, the mesh and TF_CONFIG parsing (pure Python)."""
 
 import json
+import os
 
 import pytest
 
@@ -145,3 +146,27 @@ def test_tf_config_chief_detection():
 def test_bad_tf_config(value, match):
     with pytest.raises(ConfigError, match=match):
         parse_tf_config(value)
+
+
+def test_slurm_step_resolves_through_tensorflows_resolver(monkeypatch):
+    from hybridpar.cluster import cluster_from_env
+
+    for name, value in {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2",
+                        "SLURM_STEP_NODELIST": "node[1-2]",
+                        "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    cluster = cluster_from_env()
+    assert dict(cluster.jobs) == {"worker": ("node1:8888", "node2:8888")}
+    assert (cluster.task_type, cluster.task_index) == ("worker", 1)
+    assert json.loads(os.environ["TF_CONFIG"])["task"] == {"type": "worker", "index": 1}
+
+
+def test_single_task_slurm_step_is_no_cluster(monkeypatch):
+    from hybridpar.cluster import cluster_from_env
+
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert cluster_from_env() is None
