@@ -331,14 +331,16 @@ def _custom_loop(model, optimizer, strategy, dataset, args, step_times, wire, po
     for epoch in range(1 + args.epochs):
         if epoch == 1 and is_sampler:
             wire.append(_sample_wire(ports))
+        losses = []
         for _ in range(args.steps):
             start = time.perf_counter()
-            loss = train_step(iterator)
+            losses.append(train_step(iterator))
             if epoch > 0:
                 step_times.append(time.perf_counter() - start)
     if is_sampler:
         wire.append(_sample_wire(ports))
-    return float(loss), _collectives_of(train_step)
+    # Like Keras's logged loss: the mean over the last epoch's steps.
+    return float(tf.reduce_mean(losses)), _collectives_of(train_step)
 
 
 # --------------------------------------------------------------------------- the parent
@@ -434,7 +436,8 @@ def steps_part(args: argparse.Namespace) -> float:
               f"final loss {hyb['final_loss']:.6f}/{raw['final_loss']:.6f}", flush=True)
     rec = first["raw"]
     layers = "-".join([str(args.features)] + [str(args.units)] * args.layers + ["10"])
-    print(f"steps: TensorFlow {rec['tensorflow']}, Keras {rec['keras']}; MLP {layers} ({rec['params']:,} params, S = {rec['gradient_bytes']:,} B), "
+    print(f"steps: TensorFlow {rec['tensorflow']}, Keras {rec['keras']}; MLP {layers} "
+          f"({rec['params']:,} params, S = {rec['gradient_bytes']:,} B), "
           f"SGD; data 4096x{args.features} in memory, repeated; global batch {args.batch} "
           f"(drop_remainder, DATA sharding); intra-op threads "
           f"{args.intra_op_threads or 'TF default'}; 1 warm-up + {args.epochs} timed epochs of "

@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import functools
 import itertools
+import os
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -256,6 +257,59 @@ def _batch_unbatched_datasets(original):
     return __init__
 
 
+_private_output: weakref.WeakKeyDictionary[tf.distribute.Strategy, Any] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def register_private_output(strategy: tf.distribute.Strategy, output_dir: Any) -> None:
+    """Marks ``strategy`` as a non-chief worker's; ``output_dir(path)`` gives its private dir."""
+    _private_output[strategy] = output_dir
+
+
+def _redirect_files(callback: keras.callbacks.Callback, output_dir: Any) -> None:
+    """Points a Keras callback's writes at this (non-chief) worker's private dir."""
+    if getattr(callback, "_hybridpar_redirected", False):
+        return
+    callback._hybridpar_redirected = True
+    if isinstance(callback, keras.callbacks.TensorBoard):
+        callback.log_dir = str(output_dir(callback.log_dir))
+    elif isinstance(callback, keras.callbacks.ModelCheckpoint):
+        path = os.path.abspath(callback.filepath)
+        callback.filepath = str(output_dir(os.path.dirname(path)) / os.path.basename(path))
+    elif isinstance(callback, keras.callbacks.CSVLogger):
+        path = os.path.abspath(callback.filename)
+        callback.filename = str(output_dir(os.path.dirname(path)) / os.path.basename(path))
+    elif isinstance(callback, keras.callbacks.BackupAndRestore):
+        callback._save_model = lambda: None
+        callback.delete_checkpoint = False
+
+
+def _chief_only_files(original):
+    """Wraps ``CallbackList.set_model`` so only the chief writes callback files.
+
+    Upstream (Keras 3.15): callbacks know nothing of chiefs. Under
+    MultiWorkerMirroredStrategy every worker writes TensorBoard logs,
+    checkpoints and CSV logs to the same paths, and ``BackupAndRestore``
+    crashes a worker with ``FileExistsError`` on the shared backup dir. On a
+    non-chief worker of a hybridpar strategy, TensorBoard, ModelCheckpoint
+    and CSVLogger write to the worker's private temporary dir instead, and
+    BackupAndRestore only restores (from the chief's files) and never writes
+    or deletes.
+    """
+
+    @functools.wraps(original)
+    def set_model(self, model):
+        output_dir = _private_output.get(getattr(model, "_distribute_strategy", None))
+        if output_dir is not None:
+            for callback in self.callbacks:
+                _redirect_files(callback, output_dir)
+        original(self, model)
+
+    set_model.__hybridpar_fix__ = True
+    return set_model
+
+
 _replica_share: contextvars.ContextVar[tuple[tf.Tensor, tf.Tensor] | None] = (
     contextvars.ContextVar("hybridpar_replica_share", default=None)
 )
@@ -351,6 +405,7 @@ def install() -> None:
     _patch(trainer, "train_step", _train_step_with_replica_share)
     _patch(keras_tf_trainer, "reduce_per_replica", _mean_over_replicas_for_multi_worker)
     _patch(keras_tf_trainer.TFEpochIterator, "__init__", _batch_unbatched_datasets)
+    _patch(keras.callbacks.CallbackList, "set_model", _chief_only_files)
     _patch(keras_loss, "scale_loss_for_distribution",
            functools.partial(_scaled_by_share, invert=False))
     _patch(keras_loss, "unscale_loss_for_distribution",

@@ -230,7 +230,10 @@ def build(config: StrategyConfig | None = None) -> HybridStrategy:
         strategy.num_replicas_in_sync,
         ",".join(plan.mesh.devices),
     )
-    return HybridStrategy(config, plan, strategy, cluster)
+    hybrid = HybridStrategy(config, plan, strategy, cluster)
+    if not hybrid.is_chief:
+        keras_compat.register_private_output(strategy, hybrid.output_dir)
+    return hybrid
 
 
 def _as_config(config: StrategyConfig | str | os.PathLike | dict | None) -> StrategyConfig:

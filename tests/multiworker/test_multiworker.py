@@ -106,6 +106,26 @@ def test_multi_worker_preset_through_launch(tmp_path, digits_data_dir):
     assert not pathlib.Path(private[0].split()[-1]).exists()  # removed at exit
 
 
+def test_upstream_keras_callbacks_write_from_every_worker(tmp_path):
+    script = SCRIPT.with_name("upstream_callbacks.py")
+    result = launch(2, sys.executable, str(script), str(tmp_path))
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert len(list((tmp_path / "tensorboard" / "train").glob("events.out.tfevents.*"))) == 2
+    assert len(list(tmp_path.glob("log-*.csv"))) == 2
+
+
+def test_keras_file_callbacks_write_from_the_chief_only(tmp_path, digits_data_dir):
+    files = tmp_path / "files"
+    result = launch(2, *train_digits(tmp_path / "out", digits_data_dir, "--epochs", "2",
+                                     "--callbacks_dir", str(files)))
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert len(list((files / "tensorboard" / "train").glob("events.out.tfevents.*"))) == 1
+    assert len((files / "log.csv").read_text().splitlines()) == 3  # header + 2 epochs, once
+    assert (files / "model.weights.h5").exists()
+    assert sorted(p.name for p in (files / "backup").iterdir()) == [
+        "latest.weights.h5", "training_metadata.json"]
+
+
 def test_a_failed_worker_stops_the_cluster(tmp_path, digits_data_dir):
     started = time.monotonic()
     result = launch(2, *train_digits(tmp_path, digits_data_dir, "--epochs", "50",

@@ -70,6 +70,7 @@ def main() -> None:
     parser.add_argument("--fail_task", default="", help="this task dies at --fail_epoch")
     parser.add_argument("--fail_epoch", type=int, default=0)
     parser.add_argument("--fail_signal", action="store_true", help="SIGKILL instead of exit 3")
+    parser.add_argument("--callbacks_dir", default="", help="add Keras's file-writing callbacks")
     args = parser.parse_args()
     task = os.environ.get("HYBRIDPAR_TASK", "single")
 
@@ -93,8 +94,17 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             os._exit(3)
 
-    failure = keras.callbacks.LambdaCallback(on_epoch_begin=fail)
-    history = model.fit(dataset, epochs=args.epochs, verbose=2, callbacks=[failure])
+    callbacks = [keras.callbacks.LambdaCallback(on_epoch_begin=fail)]
+    if args.callbacks_dir:
+        files = pathlib.Path(args.callbacks_dir)
+        callbacks += [
+            keras.callbacks.TensorBoard(log_dir=str(files / "tensorboard")),
+            keras.callbacks.ModelCheckpoint(str(files / "model.weights.h5"),
+                                            save_weights_only=True),
+            keras.callbacks.CSVLogger(str(files / "log.csv")),
+            keras.callbacks.BackupAndRestore(str(files / "backup"), delete_checkpoint=False),
+        ]
+    history = model.fit(dataset, epochs=args.epochs, verbose=2, callbacks=callbacks)
     result = {
         "task": task, "mode": hs.mode, "num_replicas": hs.num_replicas, "is_chief": hs.is_chief,
         "history": history.history,
