@@ -65,6 +65,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="Which training loop the bytes run uses.")
     parser.add_argument("--intra_op_threads", type=int, default=1,
                         help="Threads per op in each worker (0: TensorFlow's default).")
+    parser.add_argument("--pin_cpus", action=argparse.BooleanOptionalAction, default=True,
+                        help="Pin worker i to the i-th CPU (needs >= 2 CPUs).")
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--sample_bytes", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -207,6 +209,9 @@ def _collectives_of(function: Any) -> dict[str, int]:
 
 def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     """Trains as one task of the cluster in TF_CONFIG and returns its timing record."""
+    if args.pin_cpus:
+        index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[index % WORKERS]})
     import tensorflow as tf
 
     if args.intra_op_threads:
@@ -356,7 +361,8 @@ def run_cluster(variant: str, sizes: dict[str, int], args: argparse.Namespace,
     from hybridpar.launch import launch
 
     cmd = [sys.executable, os.path.abspath(__file__), f"--child={variant}",
-           f"--intra_op_threads={args.intra_op_threads}"]
+           f"--intra_op_threads={args.intra_op_threads}",
+           "--pin_cpus" if args.pin_cpus else "--no-pin_cpus"]
     cmd += [f"--{name}={sizes[name]}" for name in SIZES]
     cmd += ["--sample_bytes"] if sample_bytes else []
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}

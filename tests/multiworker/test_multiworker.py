@@ -106,6 +106,20 @@ def test_multi_worker_preset_through_launch(tmp_path, digits_data_dir):
     assert not pathlib.Path(private[0].split()[-1]).exists()  # removed at exit
 
 
+@pytest.mark.parametrize(
+    "variant, failure",
+    [
+        ("unbuilt", "Attempt to convert a value ({'x': PerReplica"),
+        ("built", "Invalid reduction dimension 0 for input with 0 dimensions"),
+    ],
+)
+def test_upstream_fit_fails_under_multi_worker(variant, failure, tmp_path):
+    script = SCRIPT.with_name("upstream_fit.py")
+    result = launch(2, sys.executable, str(script), variant)
+    assert result.returncode != 0
+    assert failure in result.stdout + result.stderr
+
+
 def test_upstream_keras_callbacks_write_from_every_worker(tmp_path):
     script = SCRIPT.with_name("upstream_callbacks.py")
     result = launch(2, sys.executable, str(script), str(tmp_path))
