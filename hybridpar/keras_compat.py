@@ -300,7 +300,8 @@ def _chief_only_files(original):
 
     @functools.wraps(original)
     def set_model(self, model):
-        output_dir = _private_output.get(getattr(model, "_distribute_strategy", None))
+        strategy = getattr(model, "_distribute_strategy", None)
+        output_dir = _private_output.get(strategy) if strategy is not None else None
         if output_dir is not None:
             for callback in self.callbacks:
                 _redirect_files(callback, output_dir)
