@@ -20,6 +20,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 from keras.src import tree
+from keras.src.backend.tensorflow import optimizer as keras_tf_optimizer
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 from keras.src.losses import loss as keras_loss
 from keras.src.trainers.data_adapters import data_adapter_utils
@@ -316,19 +317,28 @@ _replica_share: contextvars.ContextVar[tuple[tf.Tensor, tf.Tensor] | None] = (
 )
 
 
+_example_count: contextvars.ContextVar[tuple[tf.Tensor, float] | None] = contextvars.ContextVar(
+    "hybridpar_example_count", default=None
+)
+
+
 def _train_step_with_replica_share(original):
     """Wraps ``TensorFlowTrainer.train_step`` to weight replicas by their examples.
 
     Upstream (Keras 3.15, ``keras/src/losses/loss.py``): a replica's mean loss
     is scaled by ``1 / num_replicas``, which is right only when every replica
-    holds the same number of examples. ``tf.distribute`` splits a final
-    partial batch of an unknown-cardinality dataset (tfds, files, generators)
-    front-first (64 -> 16, 12, 0, 0 for 4 replicas of 28 examples), so that
-    step's gradient is misweighted and distributed training drifts from the
-    single-device result. Here each replica's loss is scaled by
-    ``local_examples / global_examples`` instead (one scalar all-reduce per
-    step, skipped when the batch size is static); the loss tracker is
-    unscaled by the same share so progress bars stay exact.
+    holds the same number of examples; on a final partial batch the step's
+    gradient is misweighted and distributed training drifts from the
+    single-device result. Here each replica's loss is scaled by its share of
+    the examples, ``local / total``; the loss tracker is unscaled by the same
+    share so progress bars stay exact. Skipped when the batch size is static
+    (every replica then holds the same number).
+
+    When the strategy's global batch ``B`` is known (``data.global_batch_size``)
+    the loss is scaled by ``local / B`` and the true total rides along in the
+    gradient all-reduce Keras already does (see
+    ``_gradients_rescaled_by_example_count``), so no extra collective runs;
+    otherwise ``total`` is one scalar all-reduce.
     """
 
     @functools.wraps(original)
@@ -341,15 +351,56 @@ def _train_step_with_replica_share(original):
         if first.shape[0] is not None:
             return original(self, data)
         local = tf.cast(tf.shape(first)[0], tf.float32)
-        total = context.all_reduce("SUM", local)
-        token = _replica_share.set((local, total))
+        strategy = self.distribute_strategy
+        nominal = _global_batch_sizes.get(strategy) if strategy in _global_batch_sizes else None
+        if nominal is None:
+            share_token = _replica_share.set((local, context.all_reduce("SUM", local)))
+            count_token = None
+        else:
+            share_token = _replica_share.set((local, tf.constant(float(nominal))))
+            count_token = _example_count.set((local, float(nominal)))
         try:
             return original(self, data)
         finally:
-            _replica_share.reset(token)
+            _replica_share.reset(share_token)
+            if count_token is not None:
+                _example_count.reset(count_token)
 
     train_step.__hybridpar_fix__ = True
     return train_step
+
+
+def _rescaled(gradient: Any, factor: tf.Tensor) -> Any:
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        values = gradient.values * tf.cast(factor, gradient.values.dtype)
+        return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
+    return gradient * tf.cast(factor, gradient.dtype)
+
+
+def _gradients_rescaled_by_example_count(original):
+    """Wraps ``TFOptimizer._all_reduce_sum_gradients`` for the share fix above.
+
+    Gradients were taken of losses scaled by ``local / B``; the replicas'
+    example counts are summed in the same all-reduce as the gradients, and
+    the sums are rescaled by ``B / total``, which makes every replica's weight
+    ``local / total``. On full batches ``total == B`` and the factor is 1.
+    """
+
+    @functools.wraps(original)
+    def all_reduce_sum_gradients(self, grads_and_vars):
+        count = _example_count.get()
+        if count is None or not tf.distribute.get_replica_context():
+            return original(self, grads_and_vars)
+        local, nominal = count
+        reduced = list(original(self, [*grads_and_vars, (local, None)]))
+        total = reduced.pop()[0]
+        factor = tf.math.divide_no_nan(tf.constant(nominal, tf.float32), total)
+        return [(_rescaled(gradient, factor), variable) for gradient, variable in reduced]
+
+    all_reduce_sum_gradients.__hybridpar_fix__ = True
+    return all_reduce_sum_gradients
 
 
 def _scaled_by_share(original, invert: bool):
@@ -404,6 +455,8 @@ def install() -> None:
     trainer = keras_tf_trainer.TensorFlowTrainer
     _patch(trainer, "_maybe_symbolic_build", _symbolic_build_from_specs)
     _patch(trainer, "train_step", _train_step_with_replica_share)
+    _patch(keras_tf_optimizer.TFOptimizer, "_all_reduce_sum_gradients",
+           _gradients_rescaled_by_example_count)
     _patch(keras_tf_trainer, "reduce_per_replica", _mean_over_replicas_for_multi_worker)
     _patch(keras_tf_trainer.TFEpochIterator, "__init__", _batch_unbatched_datasets)
     _patch(keras.callbacks.CallbackList, "set_model", _chief_only_files)

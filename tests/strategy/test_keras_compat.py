@@ -93,10 +93,12 @@ def test_fit_iterates_the_dataset_once_per_epoch():
     assert len(passes) == 2
 
 
-def test_partial_batch_is_weighted_by_examples(tmp_path):
+@pytest.mark.parametrize("global_batch", [None, 16], ids=["counted", "folded-into-gradients"])
+def test_partial_batch_is_weighted_by_examples(global_batch, tmp_path):
     single = linear_fit({"data_parallel": {"mode": "none"}},
                         upstream_keras.file_dataset(str(tmp_path)))
-    mirrored = linear_fit({"data_parallel": {"mode": "mirrored"}},
+    mirrored = linear_fit({"data_parallel": {"mode": "mirrored"},
+                           "data": {"global_batch_size": global_batch}},
                           upstream_keras.file_dataset(str(tmp_path)))
     diff = max(float(np.max(np.abs(a - b))) for a, b in zip(single, mirrored, strict=True))
     assert diff <= 1e-5
