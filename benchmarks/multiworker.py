@@ -37,7 +37,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-VARIANTS = ("hybridpar", "raw")
+from ab_pairs import VARIANTS, pair_orders, summarize  # beside this script
+
 WORKERS = 2
 SEED = 1234
 CLUSTER_TIMEOUT_S = 300
@@ -185,11 +186,6 @@ def count_collectives(graph_def: Any) -> dict[str, int]:
     return dict(collections.Counter(n.op for n in nodes if n.op.startswith("Collective")))
 
 
-def pair_orders(pairs: int) -> list[tuple[str, str]]:
-    """Run order per pair: ``hybridpar`` first in even pairs, ``raw`` first in odd ones."""
-    return [VARIANTS if i % 2 == 0 else VARIANTS[::-1] for i in range(pairs)]
-
-
 def parse_task_output(stdout: str, task: str) -> dict[str, Any]:
     """The last JSON line that ``task`` (e.g. ``worker:0``) printed through the launcher.
 
@@ -202,13 +198,6 @@ def parse_task_output(stdout: str, task: str) -> dict[str, Any]:
         if line.startswith(prefix) and body.startswith("{") and body.endswith("}"):
             return json.loads(body)
     raise ValueError(f"Task {task} printed no JSON result line. Received: {stdout[-800:]!r}")
-
-
-def summarize(pairs: Sequence[dict[str, float]]) -> tuple[float, float, float]:
-    """Median over pairs of each variant's step time, and their ratio hybridpar/raw."""
-    hybrid = statistics.median(p["hybridpar"] for p in pairs)
-    raw = statistics.median(p["raw"] for p in pairs)
-    return hybrid, raw, hybrid / raw
 
 
 # --------------------------------------------------------------------------- one worker

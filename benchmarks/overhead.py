@@ -23,7 +23,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-VARIANTS = ("hybridpar", "raw")
+from ab_pairs import VARIANTS, pair_orders, summarize  # beside this script
+
 DEVICES = ("/cpu:0", "/cpu:1")
 SEED = 1234
 CHILD_TIMEOUT_S = 300
@@ -65,11 +66,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def pair_orders(pairs: int) -> list[tuple[str, str]]:
-    """The run order of each pair: ``hybridpar`` first in even pairs, ``raw`` in odd."""
-    return [VARIANTS if i % 2 == 0 else VARIANTS[::-1] for i in range(pairs)]
-
-
 def parse_child_output(stdout: str) -> dict[str, Any]:
     """The last JSON object line a child printed.
 
@@ -81,13 +77,6 @@ def parse_child_output(stdout: str) -> dict[str, Any]:
         if line.startswith("{") and line.endswith("}"):
             return json.loads(line)
     raise ValueError(f"Child printed no JSON result line. Received stdout: {stdout[-500:]!r}")
-
-
-def summarize(pairs: Sequence[dict[str, float]]) -> tuple[float, float, float]:
-    """Median over pairs of each variant's step time, and their ratio hybridpar/raw."""
-    hybrid = statistics.median(p["hybridpar"] for p in pairs)
-    raw = statistics.median(p["raw"] for p in pairs)
-    return hybrid, raw, hybrid / raw
 
 
 def run_child(variant: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -72,8 +72,11 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         step = self._step()
         final = self.directory / f"ckpt-{step:08d}.weights.h5"
         partial = self.directory / f".partial-{os.getpid()}-{step:08d}.weights.h5"
-        self.model.save_weights(partial)
-        os.replace(partial, final)
+        try:
+            self.model.save_weights(partial)
+            os.replace(partial, final)
+        finally:
+            partial.unlink(missing_ok=True)
         for stale in self.checkpoints()[: -self.keep]:
             stale.unlink()
         return final

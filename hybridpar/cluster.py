@@ -53,11 +53,6 @@ class ClusterInfo:
             return self.task_type == "chief"
         return self.task_type == "worker" and self.task_index == 0
 
-    @property
-    def is_multi_task(self) -> bool:
-        """True when the cluster has more than one task."""
-        return sum(len(tasks) for tasks in self.jobs.values()) > 1
-
 
 def parse_tf_config(text: str | None) -> ClusterInfo | None:
     """Parses and validates a ``TF_CONFIG`` value.

@@ -16,8 +16,6 @@ from hybridpar.devices import canonical_device, device_kind
 from hybridpar.errors import ConfigError, RuntimeMismatchError
 from hybridpar.mesh import DeviceMesh
 
-MODES = ("none", "mirrored", "multi_worker", "parameter_server")
-
 
 @dataclasses.dataclass(frozen=True)
 class Plan:

@@ -67,6 +67,10 @@ def test_two_workers_train_like_one_process(tmp_path, digits_data_dir):
     assert max_weight_diff(workers["worker-0"], reference) <= 1e-5
     np.testing.assert_allclose(workers["worker-0"]["history"]["loss"],
                                reference["history"]["loss"], rtol=1e-5)
+    for worker in workers.values():  # evaluate and predict after fit, on every worker
+        assert worker["predictions_shape"] == [100, 10]
+        assert worker["evaluation"]["loss"] == pytest.approx(
+            reference["evaluation"]["loss"], rel=1e-5)
 
 
 @pytest.mark.parametrize("policy", ["data", "file"])

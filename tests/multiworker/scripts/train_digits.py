@@ -105,7 +105,10 @@ def main() -> None:
             keras.callbacks.BackupAndRestore(str(files / "backup"), delete_checkpoint=False),
         ]
     history = model.fit(dataset, epochs=args.epochs, verbose=2, callbacks=callbacks)
+    evaluation = model.evaluate(dataset.take(200), return_dict=True, verbose=0)
+    predictions = model.predict(dataset.take(100).map(lambda x, y: x), verbose=0)
     result = {
+        "evaluation": evaluation, "predictions_shape": list(predictions.shape),
         "task": task, "mode": hs.mode, "num_replicas": hs.num_replicas, "is_chief": hs.is_chief,
         "history": history.history,
         "weights": [w.tolist() for w in model.get_weights()],

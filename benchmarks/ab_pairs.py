@@ -1,0 +1,20 @@
+"""Interleaved A/B runs shared by the benchmarks: hybridpar against raw TensorFlow."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+VARIANTS = ("hybridpar", "raw")
+
+
+def pair_orders(pairs: int) -> list[tuple[str, str]]:
+    """Run order per pair: ``hybridpar`` first in even pairs, ``raw`` first in odd ones."""
+    return [VARIANTS if i % 2 == 0 else VARIANTS[::-1] for i in range(pairs)]
+
+
+def summarize(pairs: Sequence[dict[str, float]]) -> tuple[float, float, float]:
+    """Median over pairs of each variant's step time, and their ratio hybridpar/raw."""
+    hybrid = statistics.median(p["hybridpar"] for p in pairs)
+    raw = statistics.median(p["raw"] for p in pairs)
+    return hybrid, raw, hybrid / raw
