@@ -23,6 +23,7 @@ _LAZY = {
     "build": "hybridpar.strategy",
     "current": "hybridpar.strategy",
     "scope": "hybridpar.strategy",
+    "stage": "hybridpar.staging",
 }
 _LAZY_MODULES = ("callbacks", "data", "testing")
 
@@ -37,6 +38,7 @@ __all__ = [
     "current",
     "data",
     "scope",
+    "stage",
     "testing",
 ]
 

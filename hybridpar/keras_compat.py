@@ -12,7 +12,9 @@ import contextlib
 import contextvars
 import functools
 import itertools
+import logging
 import os
+import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +26,7 @@ from keras.src.backend.tensorflow import optimizer as keras_tf_optimizer
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 from keras.src.losses import loss as keras_loss
 from keras.src.trainers.data_adapters import data_adapter_utils
+from tensorflow.python import pywrap_tfe
 from tensorflow.python.data.experimental.ops import distribute as distribute_ops
 from tensorflow.python.distribute import (
     collective_all_reduce_strategy,
@@ -33,9 +36,13 @@ from tensorflow.python.distribute import (
 from tensorflow.python.distribute import (
     cross_device_ops as cross_device_ops_lib,
 )
+from tensorflow.python.eager import backprop
+from tensorflow.python.framework import ops
 
-from hybridpar import batching
+from hybridpar import batching, placement, staging
 from hybridpar.errors import ConfigError
+
+logger = logging.getLogger("hybridpar")
 
 VERIFIED_TF = ("2.21",)
 VERIFIED_KERAS = ("3.15",)
@@ -443,6 +450,129 @@ def _mean_over_replicas_for_multi_worker(original):
     return reduce_per_replica
 
 
+def _record_stage(original):
+    """Wraps ``keras.Layer.__new__`` to remember ``hybridpar.stage(k)``.
+
+    Upstream (Keras 3.15): a ``tf.device`` block around layer construction is
+    ignored, because variables are created later, when the layer is built
+    (DESIGN.md fact 4). The stage is therefore recorded on the layer object
+    when it is constructed and applied when it is built and called.
+    ``__new__`` is wrapped rather than ``__init__`` because Keras reads each
+    layer class's ``__init__`` signature to serialise it.
+    """
+
+    @functools.wraps(original)
+    def __new__(cls, *args, **kwargs):
+        layer = original(cls, *args, **kwargs)
+        placement.record_layer(layer)
+        return layer
+
+    __new__.__hybridpar_fix__ = True
+    return staticmethod(__new__)
+
+
+class _StagedCall(threading.local):
+    def __init__(self) -> None:
+        self.depth = 0
+
+
+_staged_call = _StagedCall()
+
+
+def _call_on_stage_device(original):
+    """Wraps ``keras.Layer.__call__`` to run a placed layer on its stage's device.
+
+    Upstream (Keras 3.15): under a strategy every op of a replica runs on the
+    replica's device; nothing puts a layer's forward ops elsewhere. The
+    outermost placed layer of a call opens ``tf.device`` of its stage in the
+    running replica, and a ``hybridpar_stage<k>`` name scope that the
+    gradient hook below reads; layers inside it inherit both. Layers nothing
+    places run on the replica's own device, which is stage 0.
+    """
+
+    @functools.wraps(original)
+    def __call__(self, *args, **kwargs):
+        placer = staging.placer_for()
+        if placer is None or _staged_call.depth:
+            return original(self, *args, **kwargs)
+        stage = placer.rules.resolve(staging.layer_path(self))
+        device = placer.device_for(stage) if stage is not None else None
+        if device is None:
+            return original(self, *args, **kwargs)
+        _staged_call.depth += 1
+        try:
+            with tf.device(device), tf.name_scope(staging.stage_scope_name(stage)):
+                return original(self, *args, **kwargs)
+        finally:
+            _staged_call.depth -= 1
+
+    __call__.__hybridpar_fix__ = True
+    return __call__
+
+
+def _gradient_on_forward_device(original):
+    """Wraps TensorFlow's tape gradient function to run backward ops on the stage.
+
+    Upstream (TF 2.21, ``tensorflow/python/eager/backprop.py``,
+    ``_gradient_function``): the gradient of an op recorded by a
+    ``GradientTape`` is built under whatever device scope is active at
+    ``tape.gradient`` time, not the forward op's device, so every backward
+    op of a model-parallel layer would run on the replica's first device.
+    The tape hands each gradient function the forward op's name scope; for
+    ops recorded inside a ``hybridpar_stage<k>`` scope the gradient is built
+    under ``tf.device`` of stage ``k`` in the running replica.
+    """
+
+    @functools.wraps(original)
+    def gradient_function(
+        op_name, attr_tuple, num_inputs, inputs, outputs, out_grads, skip_input_indices,
+        forward_pass_name_scope,
+    ):
+        arguments = (op_name, attr_tuple, num_inputs, inputs, outputs, out_grads,
+                     skip_input_indices, forward_pass_name_scope)
+        marker = staging.STAGE_SCOPE_RE.search(forward_pass_name_scope or "")
+        placer = staging.placer_for() if marker else None
+        device = placer.device_for(int(marker[1])) if placer is not None else None
+        if device is None:
+            return original(*arguments)
+        with ops.device(device):
+            return original(*arguments)
+
+    gradient_function.__hybridpar_fix__ = True
+    return gradient_function
+
+
+def _check_placement_before_training(original):
+    """Wraps ``TensorFlowTrainer.make_train_function`` to check a staged model once.
+
+    Not an upstream defect: the first point where a model is complete (all
+    its layers known and built) before training. Rules that match no layer
+    are reported here, and the placement report is logged.
+    """
+
+    @functools.wraps(original)
+    def make_train_function(self, force=False):
+        placer = staging.placer_for(self.distribute_strategy)
+        if placer is not None and not getattr(self, "_hybridpar_placement_checked", False):
+            from hybridpar import report
+
+            described = report.describe(self, placer)
+            if placer.mesh.stages > 1:
+                logger.info("%s", described)
+            self._hybridpar_placement_checked = True
+        return original(self, force)
+
+    make_train_function.__hybridpar_fix__ = True
+    return make_train_function
+
+
+def _install_gradient_hook() -> None:
+    current = backprop._gradient_function
+    if not getattr(current, "__hybridpar_fix__", False):
+        backprop._gradient_function = _gradient_on_forward_device(current)
+        pywrap_tfe.TFE_Py_RegisterGradientFunction(backprop._gradient_function)
+
+
 def _patch(owner: Any, name: str, wrap) -> None:
     current = getattr(owner, name)
     if not getattr(current, "__hybridpar_fix__", False):
@@ -464,3 +594,7 @@ def install() -> None:
            functools.partial(_scaled_by_share, invert=False))
     _patch(keras_loss, "unscale_loss_for_distribution",
            functools.partial(_scaled_by_share, invert=True))
+    _patch(keras.Layer, "__new__", _record_stage)
+    _patch(keras.Layer, "__call__", _call_on_stage_device)
+    _patch(trainer, "make_train_function", _check_placement_before_training)
+    _install_gradient_hook()

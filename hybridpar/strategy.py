@@ -15,11 +15,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from hybridpar import keras_compat
+from hybridpar import keras_compat, staging
 from hybridpar.cluster import ClusterInfo, cluster_from_env
 from hybridpar.config import StrategyConfig
 from hybridpar.devices import device_kind
 from hybridpar.errors import ConfigError
+from hybridpar.placement import PlacementRules
 from hybridpar.plan import Plan, make_plan
 
 logger = logging.getLogger("hybridpar")
@@ -81,6 +82,22 @@ class HybridStrategy:
         private = Path(tempfile.mkdtemp(prefix=f"hybridpar-{task}-"))
         atexit.register(shutil.rmtree, private, ignore_errors=True)
         return private
+
+    def describe(self, model: Any) -> Any:
+        """The placement report of a model built in this scope.
+
+        Returns:
+            A ``hybridpar.report.PlacementReport``: ``print()`` it for the table
+            of layer -> stage -> devices with bytes per device (weights and
+            optimizer slots); ``.save_png(path)`` draws the mesh.
+
+        Raises:
+            ConfigError: for a placement rule that matches no layer, a layer
+                matched by two rules, or a stage index out of range.
+        """
+        from hybridpar import report
+
+        return report.describe(model, staging.placer_for(self.strategy))
 
     def callbacks(self) -> list[Any]:
         """The Keras callbacks the config asks for (checkpoints, backup/restore).
@@ -167,7 +184,7 @@ def _build_none(
 def _build_mirrored(
     plan: Plan, config: StrategyConfig, cluster: ClusterInfo | None
 ) -> tf.distribute.Strategy:
-    devices = plan.mesh.devices
+    devices = plan.mesh.stage_devices(0)
     implementation = config.communication.implementation
     if implementation == "nccl" and any(device_kind(d) != "GPU" for d in devices):
         raise ConfigError(
@@ -210,8 +227,6 @@ def build(config: StrategyConfig | None = None) -> HybridStrategy:
     keras_compat.install()
     cluster = cluster_from_env()
     plan = make_plan(config, local_device_names(cluster), cluster)
-    if plan.mesh.stages > 1:
-        raise _unsupported("Model parallelism", f"model_parallel.stages={plan.mesh.stages}")
     if config.model_parallel.microbatches > 1:
         raise _unsupported(
             "Pipelining", f"model_parallel.microbatches={config.model_parallel.microbatches}"
@@ -224,10 +239,13 @@ def build(config: StrategyConfig | None = None) -> HybridStrategy:
         raise _unsupported(f"Mode {plan.mode!r}", f"data_parallel.mode resolved to {plan.mode!r}")
     strategy = builder(plan, config, cluster)
     keras_compat.register_global_batch_size(strategy, config.data.global_batch_size)
+    rules = PlacementRules(config.model_parallel.placement, plan.mesh.stages)
+    staging.install(strategy, staging.StagePlacer(plan.mesh, rules, plan.mode != "none"))
     logger.info(
-        "hybridpar: mode=%s replicas=%d devices=%s",
+        "hybridpar: mode=%s replicas=%d stages=%d devices=%s",
         plan.mode,
         strategy.num_replicas_in_sync,
+        plan.mesh.stages,
         ",".join(plan.mesh.devices),
     )
     hybrid = HybridStrategy(config, plan, strategy, cluster)

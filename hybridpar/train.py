@@ -29,6 +29,7 @@ class TrainResult:
 
     mode: str
     num_replicas: int
+    stages: int
     devices: list[str]
     global_batch_size: int
     epochs: int
@@ -37,6 +38,7 @@ class TrainResult:
     eval_metrics: dict[str, float]
     model_path: str
     log_dir: str
+    placement_png: str
     seconds: float
 
     def summary(self) -> str:
@@ -45,7 +47,7 @@ class TrainResult:
         lines = [
             "hybridpar training summary",
             f"  mode              {self.mode}",
-            f"  replicas          {self.num_replicas}",
+            f"  replicas          {self.num_replicas} x {self.stages} stage(s)",
             f"  devices           {', '.join(self.devices)}",
             f"  global batch      {self.global_batch_size}",
             f"  epochs            {self.epochs} in {self.seconds:.1f} s",
@@ -55,7 +57,11 @@ class TrainResult:
         if self.eval_metrics:
             evals = ", ".join(f"{k}={v:.4f}" for k, v in self.eval_metrics.items())
             lines.append(f"  evaluation        {evals}")
-        lines += [f"  saved model       {self.model_path}", f"  TensorBoard logs  {self.log_dir}"]
+        lines += [
+            f"  saved model       {self.model_path}",
+            f"  TensorBoard logs  {self.log_dir}",
+            f"  placement         {self.placement_png}",
+        ]
         return "\n".join(lines)
 
 
@@ -146,10 +152,15 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
     )
     model_path = model_dir / "model.keras"
     model.save(model_path)
+    placement = hybrid.describe(model)
+    placement_png = model_dir / "placement.png"
+    placement.save_png(placement_png)
+    (model_dir / "placement.txt").write_text(f"{placement}\n")
     rates = throughput.epoch_rates[1:] or throughput.epoch_rates
     result = TrainResult(
         mode=hybrid.mode,
         num_replicas=hybrid.num_replicas,
+        stages=hybrid.plan.mesh.stages,
         devices=list(hybrid.devices),
         global_batch_size=batch,
         epochs=settings.epochs,
@@ -158,6 +169,7 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
         eval_metrics={k: float(v) for k, v in eval_metrics.items()},
         model_path=str(model_path),
         log_dir=str(log_dir),
+        placement_png=str(placement_png),
         seconds=time.perf_counter() - started,
     )
     (model_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(result), indent=2))

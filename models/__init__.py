@@ -13,11 +13,12 @@ import keras
 from hybridpar.config import did_you_mean
 from hybridpar.errors import ConfigError
 
-from .digits import digits_cnn, digits_mlp
+from .digits import digits_cnn, digits_mlp, digits_transformer
 
 MODELS: dict[str, Callable[..., keras.Model]] = {
     "digits_cnn": digits_cnn,
     "digits_mlp": digits_mlp,
+    "digits_transformer": digits_transformer,
 }
 
 

@@ -1,0 +1,207 @@
+"""Placement report: which layer runs where, and the bytes each device holds."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections import defaultdict
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from hybridpar.devices import canonical_device
+from hybridpar.mesh import DeviceMesh
+from hybridpar.staging import StagePlacer, model_layer_paths
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPlacement:
+    """One layer's row of the report.
+
+    Attributes:
+        path: the layer's name, prefixed by its enclosing layers.
+        stage: the stage it runs on.
+        placed_by: ``stage()``, ``rule '<regex>'``, ``inside '<layer>'`` or
+            ``default`` (nothing placed it: stage 0).
+        devices: the devices holding its variables (its stage's devices when
+            it has none).
+        params: number of parameters it owns (not counting sublayers).
+    """
+
+    path: str
+    stage: int
+    placed_by: str
+    devices: tuple[str, ...]
+    params: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementReport:
+    """Layers, stages and devices of a model under a hybridpar strategy.
+
+    Attributes:
+        mesh: the replicas x stages mesh.
+        layers: one row per layer, in model order.
+        weight_bytes: bytes of model variables per device.
+        optimizer_bytes: bytes of optimizer variables (slots) per device.
+        unplaced: layers nothing placed (they run on stage 0).
+    """
+
+    mesh: DeviceMesh
+    layers: tuple[LayerPlacement, ...]
+    weight_bytes: dict[str, int]
+    optimizer_bytes: dict[str, int]
+    unplaced: tuple[str, ...]
+
+    def device_bytes(self, device: str) -> int:
+        """Weights plus optimizer state held by ``device``."""
+        return self.weight_bytes.get(device, 0) + self.optimizer_bytes.get(device, 0)
+
+    def __str__(self) -> str:
+        mesh = self.mesh
+        lines = [f"hybridpar placement: {mesh.replicas} replica(s) x {mesh.stages} stage(s)"]
+        width = max([len(row.path) for row in self.layers] + [5])
+        lines.append(f"  {'layer':<{width}}  stage  {'params':>9}  placed by / devices")
+        for row in self.layers:
+            lines.append(
+                f"  {row.path:<{width}}  {row.stage:>5}  {row.params:>9,}  "
+                f"{row.placed_by}: {', '.join(row.devices)}"
+            )
+        lines.append("  device (replica, stage): weights + optimizer state")
+        for replica in range(mesh.replicas):
+            for stage in range(mesh.stages):
+                device = mesh.device(replica, stage)
+                weights = _megabytes(self.weight_bytes.get(device, 0))
+                slots = _megabytes(self.optimizer_bytes.get(device, 0))
+                lines.append(f"  {device} ({replica}, {stage}): {weights} + {slots}")
+        if self.unplaced:
+            lines.append(
+                f"  not placed by any rule (on stage 0): {', '.join(self.unplaced)}"
+            )
+        return "\n".join(lines)
+
+    def save_png(self, path: str | os.PathLike) -> None:
+        """Draws the mesh (replicas as rows, stages as columns) with each
+        stage's layers and bytes, as a PNG file."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot
+
+        mesh = self.mesh
+        by_stage: dict[int, list[str]] = defaultdict(list)
+        for row in self.layers:
+            if "/" not in row.path:
+                by_stage[row.stage].append(row.path)
+        figure, axes = pyplot.subplots(
+            figsize=(3.2 * mesh.stages + 0.6, 2.6 * mesh.replicas + 0.6), dpi=100
+        )
+        colours = pyplot.get_cmap("tab10")
+        for replica in range(mesh.replicas):
+            for stage in range(mesh.stages):
+                device = mesh.device(replica, stage)
+                y = mesh.replicas - 1 - replica
+                axes.add_patch(
+                    matplotlib.patches.FancyBboxPatch(
+                        (stage + 0.05, y + 0.05), 0.9, 0.9, boxstyle="round,pad=0.01",
+                        facecolor=colours(stage % 10), alpha=0.25, edgecolor="black",
+                    )
+                )
+                names = by_stage.get(stage, [])
+                shown = names[:8] + ([f"... +{len(names) - 8}"] if len(names) > 8 else [])
+                text = "\n".join(
+                    [f"{device}", f"replica {replica}, stage {stage}",
+                     _megabytes(self.device_bytes(device)), "", *shown]
+                )
+                axes.text(stage + 0.1, y + 0.9, text, va="top", ha="left", fontsize=7,
+                          family="monospace")
+        axes.set_xlim(0, mesh.stages)
+        axes.set_ylim(0, mesh.replicas)
+        axes.set_axis_off()
+        axes.set_title(f"{mesh.replicas} replica(s) x {mesh.stages} stage(s)", fontsize=9)
+        figure.tight_layout()
+        figure.savefig(path)
+        pyplot.close(figure)
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 1e6:.3f} MB"
+
+
+def _variable_parts(variable: Any) -> list[Any]:
+    """The per-device tf.Variables behind a Keras or distributed variable."""
+    value = variable.value if isinstance(variable, keras.Variable) else variable
+    return list(getattr(value, "values", None) or [value])
+
+
+def _bytes_per_device(variables: list[Any]) -> dict[str, int]:
+    totals: dict[str, int] = defaultdict(int)
+    for variable in variables:
+        for part in _variable_parts(variable):
+            size = math.prod(part.shape) * tf.as_dtype(part.dtype).size
+            totals[_local(part.device)] += size
+    return dict(totals)
+
+
+def _local(device: str) -> str:
+    spec = tf.DeviceSpec.from_string(device)
+    return canonical_device(f"/device:{spec.device_type}:{spec.device_index or 0}")
+
+
+def _placed_by(placer: StagePlacer, path: tuple[Any, ...]) -> tuple[int, str]:
+    for depth, entry in enumerate(path):
+        name, explicit = entry
+        if explicit is not None:
+            how = "stage()"
+        elif placer.rules.rule_for(name) is not None:
+            how = f"rule {placer.rules.rule_for(name)!r}"
+        else:
+            continue
+        stage = placer.rules.own_stage(entry)
+        return stage, how if depth == len(path) - 1 else f"inside {name!r}"
+    return 0, "default"
+
+
+def describe(model: keras.Model, placer: StagePlacer) -> PlacementReport:
+    """The placement report of ``model`` (built) under ``placer``.
+
+    Raises:
+        ConfigError: for a placement rule that matches no layer of the model,
+            a layer matched by two rules, or a stage index out of range.
+    """
+    layer_paths = [
+        (layer, path)
+        for layer, path in model_layer_paths(model)
+        if not isinstance(layer, keras.layers.InputLayer)
+    ]
+    unplaced = placer.rules.check_layers(path for _, path in layer_paths)
+    rows = []
+    for layer, path in layer_paths:
+        stage, how = _placed_by(placer, path)
+        inner = {id(w) for child in layer._layers for w in child.weights}
+        own = [w for w in layer.weights if id(w) not in inner]
+        devices = tuple(
+            dict.fromkeys(_local(p.device) for w in own for p in _variable_parts(w))
+        ) or placer.mesh.stage_devices(stage)
+        rows.append(
+            LayerPlacement(
+                path="/".join(name for name, _ in path),
+                stage=stage,
+                placed_by=how,
+                devices=devices,
+                params=sum(math.prod(w.shape) for w in own),
+            )
+        )
+    optimizer = getattr(model, "optimizer", None)
+    optimizer_variables = list(optimizer.variables) if optimizer is not None else []
+    return PlacementReport(
+        mesh=placer.mesh,
+        layers=tuple(rows),
+        weight_bytes=_bytes_per_device(list(model.weights)),
+        optimizer_bytes=_bytes_per_device(optimizer_variables),
+        unplaced=tuple(
+            "/".join(name for name, _ in path) for path in unplaced if len(path) == 1
+        ),
+    )

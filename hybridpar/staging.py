@@ -1,0 +1,172 @@
+"""Puts each model-parallel stage's variables and compute on its devices.
+
+With R replicas x S stages (``hybridpar.mesh.DeviceMesh``) the strategy's
+replicas run on the stage-0 devices. A stage-``k`` layer's variables are
+created mirrored over the stage-``k`` devices of every replica (one device
+under ``mode: none``), so its gradients are all-reduced within that group and
+its optimizer slots, which Keras colocates with the variable, follow. Its
+forward ops run under ``tf.device`` of stage ``k`` of the running replica, and
+inside a ``hybridpar_stage<k>`` name scope, by which hybridpar's gradient hook
+(``keras_compat``) puts the backward ops on the same device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras.src.backend.common import global_state
+from tensorflow.python.distribute import numpy_dataset
+
+from hybridpar import placement
+from hybridpar.devices import canonical_device
+from hybridpar.mesh import DeviceMesh
+from hybridpar.placement import PathEntry, PlacementRules, path_entry
+
+STAGE_SCOPE_RE = re.compile(r"hybridpar_stage(\d+)")
+
+
+def stage_scope_name(stage: int) -> str:
+    """The TF name scope that marks ops of ``stage`` (read back for gradients)."""
+    return f"hybridpar_stage{stage}"
+
+
+@contextlib.contextmanager
+def stage(index: int) -> Iterator[int]:
+    """Places every layer constructed inside the block on stage ``index``.
+
+    Example::
+
+        with hybridpar.scope(config):
+            with hybridpar.stage(1):
+                head = keras.layers.Dense(10, name="head")
+
+    The stage is kept on the layer object; it is not saved with the model, so
+    a model reloaded with ``keras.models.load_model`` is placed by
+    ``model_parallel.placement`` rules only.
+
+    Raises:
+        ConfigError: if ``index`` is not an integer >= 0 (an index past the
+            configured stages is reported when the layer is placed).
+    """
+    from hybridpar import keras_compat
+
+    keras_compat.install()
+    with placement.stage(index):
+        yield index
+
+
+class _Devices:
+    """A ``colocate_with`` target that MirroredStrategy mirrors a variable over."""
+
+    def __init__(self, devices: Sequence[str]) -> None:
+        self._devices = tuple(devices)
+
+
+def _local_name(device: str) -> str:
+    spec = tf.DeviceSpec.from_string(device)
+    return canonical_device(f"/device:{spec.device_type}:{spec.device_index or 0}")
+
+
+class StagePlacer:
+    """Stage placement for one strategy.
+
+    Args:
+        mesh: the local devices as replicas x stages.
+        rules: the placement rules of the config.
+        mirrored: True when the strategy mirrors variables (MirroredStrategy
+            and MultiWorkerMirroredStrategy); False for OneDeviceStrategy.
+    """
+
+    def __init__(self, mesh: DeviceMesh, rules: PlacementRules, mirrored: bool) -> None:
+        self.mesh = mesh
+        self.rules = rules
+        self.mirrored = mirrored
+        self._replica_of = {
+            canonical_device(device): replica
+            for replica, device in enumerate(mesh.stage_devices(0))
+        }
+
+    def stage_of(self, path: Sequence[PathEntry]) -> int:
+        """The stage of the layer at the end of ``path`` (0 when nothing places it)."""
+        stage = self.rules.resolve(path)
+        return 0 if stage is None else stage
+
+    def device_for(self, stage: int) -> str | None:
+        """Stage ``stage``'s device in the replica running now (``None`` outside one)."""
+        context = tf.distribute.get_replica_context()
+        devices = context.devices if context is not None else ()
+        leader = devices[0] if devices else ""
+        if isinstance(leader, (list, tuple)):  # MirroredStrategy: [[device]]
+            leader = leader[0]
+        if not leader:
+            return None
+        replica = self._replica_of.get(_local_name(leader))
+        if replica is None:
+            return None
+        return self.mesh.device(replica, stage)
+
+    def colocation(self, stage: int) -> Any:
+        """The ``colocate_with`` value that creates a variable on ``stage``'s devices."""
+        devices = self.mesh.stage_devices(stage)
+        return _Devices(devices) if self.mirrored else numpy_dataset.SingleDevice(devices[0])
+
+
+_placers: weakref.WeakKeyDictionary[Any, StagePlacer] = weakref.WeakKeyDictionary()
+
+
+def install(strategy: tf.distribute.Strategy, placer: StagePlacer) -> None:
+    """Makes variables that ``strategy`` creates follow ``placer``'s stages."""
+    extended = strategy.extended
+    create_variable = extended._create_variable
+
+    def create_placed_variable(next_creator: Any, **kwargs: Any) -> Any:
+        if kwargs.get("colocate_with") is None:
+            stage = placer.stage_of(layer_path())
+            if stage:
+                kwargs["colocate_with"] = placer.colocation(stage)
+        return create_variable(next_creator, **kwargs)
+
+    extended._create_variable = create_placed_variable
+    _placers[extended] = placer
+
+
+def placer_for(strategy: tf.distribute.Strategy | None = None) -> StagePlacer | None:
+    """The placer of ``strategy`` (default: the strategy in scope), if staged."""
+    strategy = strategy if strategy is not None else tf.distribute.get_strategy()
+    return _placers.get(strategy.extended)
+
+
+def layer_path(layer: Any = None) -> list[PathEntry]:
+    """The layers whose Keras name scopes are open, outermost first, then ``layer``.
+
+    The outermost model (the one being trained) is left out: its own name is
+    not matched against placement rules.
+    """
+    stack = global_state.get_global_attribute("name_scope_stack") or []
+    layers = [entry.caller for entry in stack if isinstance(entry.caller, keras.Layer)]
+    if layer is not None and (not layers or layers[-1] is not layer):
+        layers.append(layer)
+    if layers and isinstance(layers[0], keras.Model):
+        layers = layers[1:]
+    return [path_entry(each) for each in layers]
+
+
+def model_layer_paths(model: keras.Model) -> list[tuple[Any, tuple[PathEntry, ...]]]:
+    """Every layer inside ``model`` with its path of enclosing layers."""
+    found: list[tuple[Any, tuple[PathEntry, ...]]] = []
+
+    def visit(layer: Any, parents: tuple[PathEntry, ...]) -> None:
+        path = (*parents, path_entry(layer))
+        found.append((layer, path))
+        for child in getattr(layer, "_layers", []):
+            visit(child, path)
+
+    for layer in getattr(model, "_layers", []):
+        visit(layer, ())
+    return found
