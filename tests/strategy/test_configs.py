@@ -48,7 +48,11 @@ def test_preset_trains(preset, tmp_path, digits_data_dir):
     assert out.count("examples_per_sec:") == 2  # one line per epoch, with the rate
     assert "hybridpar training summary" in out and "examples/s" in out
     summary = json.loads((model_dir / "summary.json").read_text())
-    assert summary["mode"] == "mirrored" and summary["num_replicas"] == 4
+    stages = (settings.get("model_parallel") or {}).get("stages", 1)
+    assert summary["mode"] == "mirrored" and summary["num_replicas"] == 4 // stages
+    assert summary["stages"] == stages
+    assert (model_dir / "placement.png").read_bytes()[:4] == b"\x89PNG"
+    assert f"x {stages} stage(s)" in (model_dir / "placement.txt").read_text()
     assert summary["train_metrics"]["accuracy"] > 0.3
     assert list((model_dir / "logs" / "train").glob("events.out.tfevents.*"))
     reloaded = keras.models.load_model(model_dir / "model.keras")

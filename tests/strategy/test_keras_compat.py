@@ -129,3 +129,17 @@ def test_unverified_versions_are_refused(monkeypatch):
     with pytest.raises(RuntimeError, match=r"verified on TensorFlow 2.21 and Keras 3.15; "
                        r"installed: TensorFlow 2.21.\d+, Keras 3.99.0"):
         keras_compat.check_versions()
+
+
+def test_upstream_device_scope_around_construction_is_ignored():
+    result = run_upstream("device_scopes_and_slots")
+    assert result["constructed_in_scope"].endswith("CPU:0"), "upstream now honours it: revisit"
+    assert result["built_in_scope"].endswith("CPU:1")
+    # What hybridpar relies on: Keras colocates optimizer slots with their variable.
+    assert [d[-5:] for d in result["adam_slots"]] == ["CPU:1"]
+
+
+def test_upstream_tape_gradient_ignores_the_forward_device():
+    result = run_upstream("tape_gradient_device")
+    assert result["forward"] == ["/device:CPU:1"]
+    assert result["backward"] == [""], "upstream now places gradients: revisit the hook"

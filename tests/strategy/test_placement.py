@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import hybridpar
+from hybridpar import ConfigError
 
 pytestmark = pytest.mark.strategy
 
@@ -235,3 +236,37 @@ def test_hybrid_model_saves_and_loads_into_one_device_and_back(hybrid_2x2, tmp_p
         assert [local(p.device) for p in parts(again.get_layer("head").kernel)] == [
             "/device:CPU:1", "/device:CPU:3"]
         assert max_difference(expected, [np.asarray(w) for w in again.get_weights()]) == 0.0
+
+
+def staged_model() -> keras.Model:
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(8, name="trunk")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(2, name="top")(hidden))
+
+
+def test_rule_that_matches_no_layer_fails_before_training():
+    config = {
+        "data_parallel": {"mode": "none"},
+        "model_parallel": {"stages": 2, "placement": {"^top$": 1, "^decoder": 1}},
+    }
+    with hybridpar.scope(config):
+        model = staged_model()
+        model.compile(optimizer="sgd", loss="mse")
+    before = [np.asarray(w) for w in model.get_weights()]
+    with pytest.raises(ConfigError, match=r"rule\(s\) '\^decoder' match no layer.*trunk, top"):
+        model.fit(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"), verbose=0)
+    assert max_difference(before, [np.asarray(w) for w in model.get_weights()]) == 0.0
+
+
+def test_layer_matched_by_two_rules_fails_when_built():
+    config = {"model_parallel": {"stages": 2, "placement": {"^to": 1, "p$": 0}}}
+    with hybridpar.scope(config), pytest.raises(ConfigError, match="Layer 'top' is matched by 2"):
+        staged_model()
+
+
+def test_stage_past_the_configured_stages_fails_when_built():
+    with hybridpar.scope({"model_parallel": {"stages": 2}}):
+        with hybridpar.stage(2):
+            layer = keras.layers.Dense(2, name="far")
+        with pytest.raises(ConfigError, match=r"'far' is placed on stage 2 by hybridpar.stage"):
+            layer.build((None, 3))

@@ -157,7 +157,6 @@ def test_nccl_on_cpus_is_refused():
 @pytest.mark.parametrize(
     "config, match",
     [
-        ({"model_parallel": {"stages": 2}}, "Model parallelism is not available"),
         ({"data": {"global_batch_size": 8}, "model_parallel": {"microbatches": 2}},
          "Pipelining is not available"),
         ({"communication": {"compression": "fp16"}}, "Gradient compression is not available"),

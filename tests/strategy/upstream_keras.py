@@ -140,9 +140,62 @@ def conv_on_empty_replica() -> dict:
     return {"last_split": split, "outcome": outcome}
 
 
+def device_scopes_and_slots() -> dict:
+    """Where Keras puts weights and Adam slots that a user tried to place on CPU:1."""
+    logical_cpus(2)
+    with tf.device("/cpu:1"):  # around construction: ignored, weights are built later
+        constructed = keras.layers.Dense(2)
+    constructed.build((None, 3))
+
+    class PlacedDense(keras.layers.Dense):
+        def build(self, input_shape):
+            with tf.device("/cpu:1"):  # inside build: places the weights
+                super().build(input_shape)
+
+    placed = PlacedDense(2)
+    placed.build((None, 3))
+    optimizer = keras.optimizers.Adam()
+    optimizer.build(placed.trainable_variables)
+    slots = [v for v in optimizer.variables if "momentum" in v.path or "velocity" in v.path]
+    return {
+        "constructed_in_scope": constructed.kernel.value.device,
+        "built_in_scope": placed.kernel.value.device,
+        "adam_slots": sorted({v.value.device for v in slots}),
+    }
+
+
+def tape_gradient_device() -> dict:
+    """The device a tape asks for when it builds the gradient of a placed op."""
+    logical_cpus(2)
+    with tf.device("/cpu:1"):
+        weight = tf.Variable(tf.ones((3, 3)))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            with tf.device("/cpu:1"):
+                y = tf.matmul(x, weight, name="forward")
+            loss = tf.reduce_sum(y)
+        return tape.gradient(loss, weight)
+
+    graph = step.get_concrete_function(tf.TensorSpec((2, 3))).graph
+    matmuls = [op for op in graph.get_operations() if op.type == "MatMul"]
+    return {
+        "forward": [op.device for op in matmuls if "gradient_tape" not in op.name],
+        "backward": [op.device for op in matmuls if "gradient_tape" in op.name],
+    }
+
+
 CASES = {
     f.__name__: f
-    for f in (collective_keys_collide, fit_passes, partial_batch, conv_on_empty_replica)
+    for f in (
+        collective_keys_collide,
+        fit_passes,
+        partial_batch,
+        conv_on_empty_replica,
+        device_scopes_and_slots,
+        tape_gradient_device,
+    )
 }
 
 if __name__ == "__main__":
