@@ -62,6 +62,25 @@ def _is_launcher() -> bool:
     return os.path.basename(program) == "hybridpar" and sys.argv[1:2] in (["launch"], ["tf-config"])
 
 
+def _split_cpu_from_env() -> None:
+    """``HYBRIDPAR_LOGICAL_CPUS=n`` splits the CPU into n logical devices at import.
+
+    Logical devices must be made before TensorFlow's runtime starts, which on a
+    multi-worker cluster is at ``import hybridpar``; this is how each task of a
+    CPU-only cluster gets devices for model-parallel stages.
+    """
+    value = os.environ.get("HYBRIDPAR_LOGICAL_CPUS")
+    if not value or _is_launcher():
+        return
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(
+            f"HYBRIDPAR_LOGICAL_CPUS must be a positive integer. Received: {value!r}."
+        )
+    from hybridpar import testing
+
+    testing.configure_logical_cpus(int(value))
+
+
 def _join_cluster_from_tf_config() -> None:
     """Joins a multi-worker TF_CONFIG cluster before the user's code runs any op."""
     if _is_launcher():
@@ -79,6 +98,7 @@ def _join_cluster_from_tf_config() -> None:
 
 
 _log_to_stderr()
+_split_cpu_from_env()
 _join_cluster_from_tf_config()
 
 

@@ -82,15 +82,31 @@ def select_devices(config: StrategyConfig, available: Sequence[str]) -> tuple[st
 
 
 def _multi_worker_devices(config: StrategyConfig, selected: tuple[str, ...]) -> tuple[str, ...]:
-    """MultiWorkerMirroredStrategy trains on every local GPU, else on CPU:0."""
+    """The local devices of a worker under MultiWorkerMirroredStrategy.
+
+    With one stage, MultiWorkerMirroredStrategy trains on every local GPU, else
+    on CPU:0. With S stages each worker runs one model-parallel replica on its
+    first S local devices.
+    """
+    stages = config.model_parallel.stages
     gpus = tuple(d for d in selected if device_kind(d) == "GPU")
-    devices = gpus or ("/device:CPU:0",)
+    if stages == 1:
+        devices = gpus or ("/device:CPU:0",)
+    elif gpus:
+        raise RuntimeMismatchError(
+            f"data_parallel.mode='multi_worker' with model_parallel.stages={stages} runs one "
+            "model-parallel replica per worker, but MultiWorkerMirroredStrategy makes every "
+            f"local GPU a replica ({', '.join(gpus)} here); hybridpar cannot yet restrict it "
+            "to one. Use stages=1 on multi-GPU workers, or mode 'mirrored' on one host."
+        )
+    else:
+        devices = selected[:stages]
     if config.data_parallel.devices is not None and tuple(config.data_parallel.devices) != devices:
         raise RuntimeMismatchError(
-            "data_parallel.mode='multi_worker' trains on every local GPU, or on CPU:0 when "
-            f"there is none ({', '.join(devices)} here), but data_parallel.devices lists "
-            f"{', '.join(config.data_parallel.devices)}. Set data_parallel.devices to null "
-            "(or to exactly those devices)."
+            f"data_parallel.mode='multi_worker' trains on {', '.join(devices)} here (every "
+            "local GPU, or CPU:0, or the first model_parallel.stages devices), but "
+            f"data_parallel.devices lists {', '.join(config.data_parallel.devices)}. Set "
+            "data_parallel.devices to null (or to exactly those devices)."
         )
     return devices
 

@@ -24,7 +24,6 @@ from keras.src.backend.common import global_state
 from tensorflow.python.distribute import numpy_dataset
 
 from hybridpar import placement
-from hybridpar.devices import canonical_device
 from hybridpar.mesh import DeviceMesh
 from hybridpar.placement import PathEntry, PlacementRules, path_entry
 
@@ -68,11 +67,6 @@ class _Devices:
         self._devices = tuple(devices)
 
 
-def _local_name(device: str) -> str:
-    spec = tf.DeviceSpec.from_string(device)
-    return canonical_device(f"/device:{spec.device_type}:{spec.device_index or 0}")
-
-
 class StagePlacer:
     """Stage placement for one strategy.
 
@@ -87,10 +81,6 @@ class StagePlacer:
         self.mesh = mesh
         self.rules = rules
         self.mirrored = mirrored
-        self._replica_of = {
-            canonical_device(device): replica
-            for replica, device in enumerate(mesh.stage_devices(0))
-        }
 
     def stage_of(self, path: Sequence[PathEntry]) -> int:
         """The stage of the layer at the end of ``path`` (0 when nothing places it)."""
@@ -98,18 +88,18 @@ class StagePlacer:
         return 0 if stage is None else stage
 
     def device_for(self, stage: int) -> str | None:
-        """Stage ``stage``'s device in the replica running now (``None`` outside one)."""
+        """Stage ``stage``'s device in the replica running now (``None`` outside one).
+
+        Replicas are numbered worker-major across a cluster, so the local
+        replica is the global id modulo this worker's replicas.
+        """
         context = tf.distribute.get_replica_context()
-        devices = context.devices if context is not None else ()
-        leader = devices[0] if devices else ""
-        if isinstance(leader, (list, tuple)):  # MirroredStrategy: [[device]]
-            leader = leader[0]
-        if not leader:
+        if context is None:
             return None
-        replica = self._replica_of.get(_local_name(leader))
+        replica = tf.get_static_value(context.replica_id_in_sync_group)
         if replica is None:
             return None
-        return self.mesh.device(replica, stage)
+        return self.mesh.device(int(replica) % self.mesh.replicas, stage)
 
     def colocation(self, stage: int) -> Any:
         """The ``colocate_with`` value that creates a variable on ``stage``'s devices."""

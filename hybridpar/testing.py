@@ -19,7 +19,20 @@ def use_logical_cpus(n: int, intra_op_threads: int | None = None) -> list[str]:
             logical devices really run side by side.
 
     Returns:
-        The logical CPU device names.
+        The logical CPU device names (listing them starts TensorFlow's runtime).
+
+    Raises:
+        ConfigError: if ``n`` is not a positive integer.
+        RuntimeMismatchError: if TensorFlow already initialised a different
+            number of devices.
+    """
+    configure_logical_cpus(n, intra_op_threads)
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+def configure_logical_cpus(n: int, intra_op_threads: int | None = None) -> None:
+    """``use_logical_cpus`` without starting TensorFlow's runtime, so that a
+    multi-worker cluster can still be joined afterwards.
 
     Raises:
         ConfigError: if ``n`` is not a positive integer.
@@ -41,6 +54,6 @@ def use_logical_cpus(n: int, intra_op_threads: int | None = None) -> list[str]:
             f"use_logical_cpus({n}) came too late: TensorFlow has already initialised its "
             f"devices ({len(existing)} logical CPU(s): {', '.join(existing)}). Call it "
             "right after `import hybridpar`, before any TensorFlow op, dataset or model "
-            "is created."
+            "is created. On a multi-worker cluster, where `import hybridpar` already "
+            f"starts TensorFlow, set HYBRIDPAR_LOGICAL_CPUS={n} in the environment instead."
         ) from None
-    return [d.name for d in tf.config.list_logical_devices("CPU")]

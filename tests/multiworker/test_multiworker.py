@@ -229,3 +229,29 @@ def test_workers_given_different_cluster_specs_fail_fast(tmp_path):
             process.kill()
     assert all(p.returncode != 0 for p in processes)
     assert all("TF_CONFIG cluster specs differ between tasks" in err for err in outputs)
+
+
+def test_hybrid_2_workers_x_2_stages_trains_like_one_device(tmp_path, digits_data_dir):
+    script = SCRIPT.with_name("train_hybrid.py")
+    command = [sys.executable, str(script), "--data_dir", digits_data_dir]
+    result = subprocess.run(
+        [sys.executable, "-m", "hybridpar.launch", "--workers", "2", "--timeout", "240", "--",
+         *command, "--out", str(tmp_path / "cluster")],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env=environment(HYBRIDPAR_LOGICAL_CPUS="2"),
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    single = subprocess.run([*command, "--out", str(tmp_path / "single")], capture_output=True,
+                            text=True, env=environment(), timeout=300)
+    assert single.returncode == 0, single.stderr[-4000:]
+
+    workers = results(tmp_path / "cluster")
+    reference = results(tmp_path / "single")["single"]
+    assert [(w["mode"], w["num_replicas"]) for w in workers.values()] == [("multi_worker", 2)] * 2
+    for worker in workers.values():
+        for path, devices in worker["devices"].items():
+            on_stage_1 = path.split("/")[-1].startswith(("block_1", "head")) or path.startswith(
+                ("block_1/", "head"))
+            assert devices == (["CPU:1"] if on_stage_1 else ["CPU:0"]), path
+    assert max_weight_diff(workers["worker-0"], workers["worker-1"]) == 0.0
+    assert max_weight_diff(workers["worker-0"], reference) <= 1e-5

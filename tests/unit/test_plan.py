@@ -170,3 +170,22 @@ def test_single_task_slurm_step_is_no_cluster(monkeypatch):
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
     monkeypatch.delenv("TF_CONFIG", raising=False)
     assert cluster_from_env() is None
+
+
+def test_multi_worker_stages_use_the_first_local_devices():
+    workers = parse_tf_config(
+        '{"cluster": {"worker": ["h:1", "h:2"]}, "task": {"type": "worker", "index": 0}}'
+    )
+    plan = make_plan(config(**{"model_parallel.stages": 2}), CPUS, workers)
+    assert plan.mode == "multi_worker"
+    assert plan.mesh.devices == CPUS[:2] and plan.mesh.replicas == 1
+    assert plan.num_replicas == 2
+
+
+def test_multi_worker_stages_on_multi_gpu_workers_are_refused():
+    workers = parse_tf_config(
+        '{"cluster": {"worker": ["h:1", "h:2"]}, "task": {"type": "worker", "index": 0}}'
+    )
+    gpus = ["/device:CPU:0", "/device:GPU:0", "/device:GPU:1"]
+    with pytest.raises(RuntimeMismatchError, match="makes every local GPU a replica"):
+        make_plan(config(**{"model_parallel.stages": 2}), gpus, workers)
