@@ -178,7 +178,7 @@ def test_multi_worker_stages_use_the_first_local_devices():
     )
     plan = make_plan(config(**{"model_parallel.stages": 2}), CPUS, workers)
     assert plan.mode == "multi_worker"
-    assert plan.mesh.devices == CPUS[:2] and plan.mesh.replicas == 1
+    assert plan.mesh.devices == tuple(CPUS[:2]) and plan.mesh.replicas == 1
     assert plan.num_replicas == 2
 
 
