@@ -386,6 +386,42 @@ def _rescaled(gradient: Any, factor: tf.Tensor) -> Any:
     return gradient * tf.cast(factor, gradient.dtype)
 
 
+def _local_devices(variable: Any) -> frozenset[str]:
+    value = variable.value if isinstance(variable, keras.Variable) else variable
+    return frozenset(
+        f"/device:{spec.device_type}:{spec.device_index}"
+        for spec in (tf.DeviceSpec.from_string(part.device)
+                     for part in getattr(value, "values", [value]))
+    )
+
+
+def _all_reduce_by_stage(original, optimizer: Any, grads_and_vars: Any) -> list:
+    """All-reduces gradients in one batch per stage (part of fix 3's wrapper).
+
+    Upstream (TF 2.21, ``cross_device_ops``): one batch all-reduce of values
+    that live on different devices falls back to reducing them one by one,
+    with a warning ("Efficient batch_reduce is not supported if destinations
+    are different") on every trace. With model-parallel stages, each stage's
+    gradients live on that stage's devices, so they are reduced as one batch
+    per stage. A ``None`` variable (fix 3's example count) goes with stage 0.
+    """
+    pairs = list(grads_and_vars)
+    placer = staging.placer_for()
+    if placer is None or placer.mesh.stages == 1:
+        return original(optimizer, pairs)
+    stage_0 = frozenset(placer.mesh.stage_devices(0))
+    groups: dict[frozenset[str], list[int]] = {}
+    for index, (_, variable) in enumerate(pairs):
+        key = stage_0 if variable is None else _local_devices(variable)
+        groups.setdefault(key, []).append(index)
+    reduced: list[Any] = [None] * len(pairs)
+    for indices in groups.values():
+        group = original(optimizer, [pairs[i] for i in indices])
+        for index, pair in zip(indices, group, strict=True):
+            reduced[index] = pair
+    return reduced
+
+
 def _gradients_rescaled_by_example_count(original):
     """Wraps ``TFOptimizer._all_reduce_sum_gradients`` for the share fix above.
 
@@ -399,9 +435,9 @@ def _gradients_rescaled_by_example_count(original):
     def all_reduce_sum_gradients(self, grads_and_vars):
         count = _example_count.get()
         if count is None or not tf.distribute.get_replica_context():
-            return original(self, grads_and_vars)
+            return _all_reduce_by_stage(original, self, grads_and_vars)
         local, nominal = count
-        reduced = list(original(self, [*grads_and_vars, (local, None)]))
+        reduced = list(_all_reduce_by_stage(original, self, [*grads_and_vars, (local, None)]))
         total = reduced.pop()[0]
         factor = tf.math.divide_no_nan(tf.constant(nominal, tf.float32), total)
         return [(_rescaled(gradient, factor), variable) for gradient, variable in reduced]
