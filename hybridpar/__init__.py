@@ -25,7 +25,7 @@ _LAZY = {
     "scope": "hybridpar.strategy",
     "stage": "hybridpar.staging",
 }
-_LAZY_MODULES = ("callbacks", "data", "testing")
+_LAZY_MODULES = ("callbacks", "data", "pipeline", "testing")
 
 __all__ = [
     "ConfigError",
@@ -37,6 +37,7 @@ __all__ = [
     "callbacks",
     "current",
     "data",
+    "pipeline",
     "scope",
     "stage",
     "testing",

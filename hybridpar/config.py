@@ -389,6 +389,8 @@ class TrainConfig(_Section):
         learning_rate: the optimizer's learning rate.
         shuffle: shuffle the training examples every epoch.
         seed: seed for weights, shuffling and dropout.
+        timeline_steps: record the pipeline schedule of this many steps and
+            write ``timeline.png`` and ``timeline.trace.json`` (0: don't).
     """
 
     PATH: ClassVar[str] = "train"
@@ -403,9 +405,14 @@ class TrainConfig(_Section):
     learning_rate: float = 0.001
     shuffle: bool = True
     seed: int = 0
+    timeline_steps: int = 0
 
     def validate(self) -> None:
         _positive("train.epochs", self.epochs)
+        _require(
+            self.timeline_steps >= 0,
+            f"train.timeline_steps must be >= 0. Received: {self.timeline_steps}.",
+        )
         _positive("train.steps_per_epoch", self.steps_per_epoch)
         _require(
             self.learning_rate > 0,

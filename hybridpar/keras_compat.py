@@ -39,7 +39,7 @@ from tensorflow.python.distribute import (
 from tensorflow.python.eager import backprop
 from tensorflow.python.framework import ops
 
-from hybridpar import batching, placement, staging
+from hybridpar import batching, pipeline, placement, staging
 from hybridpar.errors import ConfigError
 
 logger = logging.getLogger("hybridpar")
@@ -329,6 +329,16 @@ _example_count: contextvars.ContextVar[tuple[tf.Tensor, float] | None] = context
 )
 
 
+def _train_step(original, model: keras.Model, data: Any) -> Any:
+    """Keras's train step, or hybridpar's microbatched one when the config asks."""
+    placer = staging.placer_for(model.distribute_strategy)
+    if placer is None or placer.microbatches == 1:
+        return original(model, data)
+    return pipeline.train_step(
+        model, data, placer.microbatches, sequential=placer.mesh.stages == 1
+    )
+
+
 def _train_step_with_replica_share(original):
     """Wraps ``TensorFlowTrainer.train_step`` to weight replicas by their examples.
 
@@ -352,11 +362,11 @@ def _train_step_with_replica_share(original):
     def train_step(self, data):
         context = tf.distribute.get_replica_context()
         if context is None or context.num_replicas_in_sync == 1:
-            return original(self, data)
+            return _train_step(original, self, data)
         x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(data)
         first = next(t for t in tree.flatten(x) if t is not None)
         if first.shape[0] is not None:
-            return original(self, data)
+            return _train_step(original, self, data)
         local = tf.cast(tf.shape(first)[0], tf.float32)
         strategy = self.distribute_strategy
         nominal = _global_batch_sizes.get(strategy) if strategy in _global_batch_sizes else None
@@ -367,7 +377,7 @@ def _train_step_with_replica_share(original):
             share_token = _replica_share.set((local, tf.constant(float(nominal))))
             count_token = _example_count.set((local, float(nominal)))
         try:
-            return original(self, data)
+            return _train_step(original, self, data)
         finally:
             _replica_share.reset(share_token)
             if count_token is not None:

@@ -75,12 +75,16 @@ class StagePlacer:
         rules: the placement rules of the config.
         mirrored: True when the strategy mirrors variables (MirroredStrategy
             and MultiWorkerMirroredStrategy); False for OneDeviceStrategy.
+        microbatches: pipeline microbatches per replica batch.
     """
 
-    def __init__(self, mesh: DeviceMesh, rules: PlacementRules, mirrored: bool) -> None:
+    def __init__(
+        self, mesh: DeviceMesh, rules: PlacementRules, mirrored: bool, microbatches: int = 1
+    ) -> None:
         self.mesh = mesh
         self.rules = rules
         self.mirrored = mirrored
+        self.microbatches = microbatches
 
     def stage_of(self, path: Sequence[PathEntry]) -> int:
         """The stage of the layer at the end of ``path`` (0 when nothing places it)."""

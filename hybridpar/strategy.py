@@ -227,10 +227,6 @@ def build(config: StrategyConfig | None = None) -> HybridStrategy:
     keras_compat.install()
     cluster = cluster_from_env()
     plan = make_plan(config, local_device_names(cluster), cluster)
-    if config.model_parallel.microbatches > 1:
-        raise _unsupported(
-            "Pipelining", f"model_parallel.microbatches={config.model_parallel.microbatches}"
-        )
     if config.communication.compression != "none":
         compression = config.communication.compression
         raise _unsupported("Gradient compression", f"communication.compression={compression!r}")
@@ -240,12 +236,18 @@ def build(config: StrategyConfig | None = None) -> HybridStrategy:
     strategy = builder(plan, config, cluster)
     keras_compat.register_global_batch_size(strategy, config.data.global_batch_size)
     rules = PlacementRules(config.model_parallel.placement, plan.mesh.stages)
-    staging.install(strategy, staging.StagePlacer(plan.mesh, rules, plan.mode != "none"))
+    staging.install(
+        strategy,
+        staging.StagePlacer(
+            plan.mesh, rules, plan.mode != "none", config.model_parallel.microbatches
+        ),
+    )
     logger.info(
-        "hybridpar: mode=%s replicas=%d stages=%d devices=%s",
+        "hybridpar: mode=%s replicas=%d stages=%d microbatches=%d devices=%s",
         plan.mode,
         strategy.num_replicas_in_sync,
         plan.mesh.stages,
+        config.model_parallel.microbatches,
         ",".join(plan.mesh.devices),
     )
     hybrid = HybridStrategy(config, plan, strategy, cluster)

@@ -17,7 +17,7 @@ import keras
 import tensorflow as tf
 
 from hybridpar import callbacks as hp_callbacks
-from hybridpar import data
+from hybridpar import data, pipeline
 from hybridpar.config import StrategyConfig
 from hybridpar.errors import ConfigError
 from hybridpar.strategy import scope
@@ -134,6 +134,11 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
         model = build_model(config, info.features[info.supervised_keys[1]].num_classes, input_shape)
     throughput = hp_callbacks.Throughput(batch)
     log_dir = model_dir / "logs"
+    timeline = (
+        [pipeline.PipelineTimeline(model_dir, steps=settings.timeline_steps)]
+        if settings.timeline_steps
+        else []
+    )
     history = model.fit(
         train_data,
         epochs=settings.epochs,
@@ -144,6 +149,7 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
             throughput,
             keras.callbacks.TensorBoard(log_dir=str(log_dir)),
             *hybrid.callbacks(),
+            *timeline,
         ],
         verbose=verbose,
     )

@@ -157,8 +157,6 @@ def test_nccl_on_cpus_is_refused():
 @pytest.mark.parametrize(
     "config, match",
     [
-        ({"data": {"global_batch_size": 8}, "model_parallel": {"microbatches": 2}},
-         "Pipelining is not available"),
         ({"communication": {"compression": "fp16"}}, "Gradient compression is not available"),
         ({"data_parallel": {"mode": "parameter_server"}},
          "Mode 'parameter_server' is not available"),

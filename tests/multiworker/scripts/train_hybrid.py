@@ -1,7 +1,8 @@
 """Hybrid data x model parallel `model.fit` on a multi-worker cluster (or alone).
 
 Each worker trains one 2-stage model-parallel replica of a small transformer
-over its two logical CPUs (HYBRIDPAR_LOGICAL_CPUS=2); without TF_CONFIG it
+over its two logical CPUs (HYBRIDPAR_LOGICAL_CPUS=2), pipelined over 2
+microbatches; without TF_CONFIG it
 trains on one device as the reference. Writes `<out>/<task>.json` with the
 final weights and the local device of every variable and optimizer slot.
 """
@@ -43,7 +44,9 @@ def main() -> None:
     config = {
         "data": {"global_batch_size": 64, "shard_policy": "data"},
         "data_parallel": {"mode": "multi_worker" if clustered else "none"},
-        "model_parallel": {"stages": 2, "placement": RULES} if clustered else {},
+        "model_parallel": (
+            {"stages": 2, "placement": RULES, "microbatches": 2} if clustered else {}
+        ),
         "communication": {"timeout_seconds": 120},
     }
     keras.utils.set_random_seed(11)

@@ -1,0 +1,160 @@
+"""Pipeline schedules: the GPipe bound, and recorded timelines (pure Python).
+
+A timeline is a list of ``Interval`` records, one per (step, microbatch,
+stage, phase), in seconds. It is written as a Chrome trace (open it in
+``chrome://tracing`` or https://ui.perfetto.dev; one row per stage) and as a
+PNG with the stages as rows, so the pipeline bubble is visible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+PHASES = ("forward", "backward")
+_STAGED_OP = re.compile(r"(?:^|/)microbatch(\d+)/(?:.*/)?hybridpar_stage(\d+)/")
+# Ops that move or read state rather than compute: they run whenever their
+# (non-data) inputs are ready, e.g. a stage's weight reads at the start of a
+# step, and would stretch the stage's interval over time it does not work.
+BOOKKEEPING_OPS = frozenset((
+    "ReadVariableOp", "Const", "Identity", "IdentityN", "NoOp", "Shape", "ShapeN", "Size",
+    "Rank", "_Send", "_Recv", "_HostSend", "_HostRecv",
+))
+
+
+def gpipe_speedup_bound(microbatches: int, stages: int) -> float:
+    """The best speedup of ``stages`` equal stages over unsplit execution:
+    ``M * K / (M + K - 1)`` (GPipe, arXiv 1811.06965; the idle share is
+    ``(K - 1) / (M + K - 1)``)."""
+    return microbatches * stages / (microbatches + stages - 1)
+
+
+def bubble_fraction(microbatches: int, stages: int) -> float:
+    """The share of each device's time idle in a GPipe step of equal stages."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """One stage working on one microbatch in one phase of one step (seconds)."""
+
+    step: int
+    microbatch: int
+    stage: int
+    phase: str
+    start: float
+    end: float
+
+
+def classify_op(name: str, op_type: str = "") -> tuple[int, int, str] | None:
+    """(microbatch, stage, phase) of a replica-0 op from its node name, if staged.
+
+    Ops of other replicas (``replica_<r>/`` scopes), ops outside a stage
+    (input handling, the loss) and bookkeeping ops give ``None``.
+    """
+    if "replica_" in name or op_type in BOOKKEEPING_OPS:
+        return None
+    match = _STAGED_OP.search(name)
+    if match is None:
+        return None
+    phase = "backward" if "gradient_tape/" in name else "forward"
+    return int(match[1]), int(match[2]), phase
+
+
+def intervals_from_ops(
+    ops: Iterable[tuple[str, str, int, int]], windows: Mapping[int, tuple[int, int]]
+) -> list[Interval]:
+    """Each (step, microbatch, stage, phase)'s first start and last end.
+
+    Args:
+        ops: (node name, op type, start ns, end ns) of the ops that ran.
+        windows: step -> (start ns, end ns) of the steps to keep.
+    """
+    spans: dict[tuple[int, int, int, str], list[int]] = {}
+    for name, op_type, start, end in ops:
+        where = classify_op(name, op_type)
+        step = next((s for s, (low, high) in windows.items() if low <= start <= high), None)
+        if where is None or step is None:
+            continue
+        span = spans.setdefault((step, *where), [start, end])
+        span[0], span[1] = min(span[0], start), max(span[1], end)
+    return [
+        Interval(step, microbatch, stage, phase, start / 1e9, end / 1e9)
+        for (step, microbatch, stage, phase), (start, end) in sorted(spans.items())
+    ]
+
+
+def chrome_trace(intervals: Sequence[Interval], devices: Sequence[str]) -> dict:
+    """The intervals as a Chrome trace-event document (times relative to the first).
+
+    Args:
+        intervals: the recorded intervals.
+        devices: the device of each stage (row names).
+    """
+    origin = min((i.start for i in intervals), default=0.0)
+    events: list[dict] = [
+        {"ph": "M", "name": "thread_name", "pid": 0, "tid": stage,
+         "args": {"name": f"stage {stage} ({device})"}}
+        for stage, device in enumerate(devices)
+    ]
+    for interval in intervals:
+        events.append(
+            {
+                "ph": "X",
+                "pid": 0,
+                "tid": interval.stage,
+                "name": f"{interval.phase[0].upper()}{interval.microbatch}",
+                "cat": interval.phase,
+                "ts": (interval.start - origin) * 1e6,
+                "dur": max(interval.end - interval.start, 0.0) * 1e6,
+                "args": {"step": interval.step, "microbatch": interval.microbatch},
+            }
+        )
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_chrome_trace(
+    intervals: Sequence[Interval], devices: Sequence[str], path: str | os.PathLike
+) -> None:
+    """Writes ``chrome_trace`` as JSON to ``path``."""
+    with open(path, "w") as handle:
+        json.dump(chrome_trace(intervals, devices), handle)
+
+
+def save_timeline_png(
+    intervals: Sequence[Interval],
+    devices: Sequence[str],
+    path: str | os.PathLike,
+    title: str = "",
+) -> None:
+    """Draws the intervals as a Gantt chart, stages as rows, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    origin = min((i.start for i in intervals), default=0.0)
+    stages = len(devices)
+    figure, axes = pyplot.subplots(figsize=(11, 1.0 + 0.7 * stages), dpi=100)
+    colours = pyplot.get_cmap("tab10")
+    for interval in intervals:
+        start = (interval.start - origin) * 1e3
+        width = max((interval.end - interval.start) * 1e3, 1e-3)
+        forward = interval.phase == "forward"
+        axes.broken_barh(
+            [(start, width)], (interval.stage - 0.4, 0.8),
+            facecolors=colours(interval.microbatch % 10), alpha=0.9 if forward else 0.5,
+            edgecolor="black", linewidth=0.4, hatch=None if forward else "//",
+        )
+        axes.text(start + width / 2, interval.stage, f"{'F' if forward else 'B'}"
+                  f"{interval.microbatch}", ha="center", va="center", fontsize=6)
+    axes.set_yticks(range(stages), [f"stage {s}\n{d}" for s, d in enumerate(devices)], fontsize=7)
+    axes.invert_yaxis()
+    axes.set_xlabel("ms (F = forward, B = backward, one colour per microbatch)")
+    axes.set_title(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path)
+    pyplot.close(figure)
