@@ -6,6 +6,7 @@ import pathlib
 import subprocess
 import sys
 
+import hybridpar_models  # noqa: F401 (registers the custom layers saved models use)
 import keras
 import pytest
 import yaml
@@ -53,6 +54,10 @@ def test_preset_trains(preset, tmp_path, digits_data_dir):
     assert summary["stages"] == stages
     assert (model_dir / "placement.png").read_bytes()[:4] == b"\x89PNG"
     assert f"x {stages} stage(s)" in (model_dir / "placement.txt").read_text()
+    if (settings.get("train") or {}).get("timeline_steps"):
+        trace = json.loads((model_dir / "timeline.trace.json").read_text())
+        assert any(e["ph"] == "X" for e in trace["traceEvents"])
+        assert (model_dir / "timeline.png").read_bytes()[:4] == b"\x89PNG"
     assert summary["train_metrics"]["accuracy"] > 0.3
     assert list((model_dir / "logs" / "train").glob("events.out.tfevents.*"))
     reloaded = keras.models.load_model(model_dir / "model.keras")
