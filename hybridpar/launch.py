@@ -479,7 +479,8 @@ class LocalCluster:
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        for pipe, stream in ((proc.stdout, self._output.stdout), (proc.stderr, self._output.stderr)):
+        streams = ((proc.stdout, self._output.stdout), (proc.stderr, self._output.stderr))
+        for pipe, stream in streams:
             reader = threading.Thread(
                 target=self._pump,
                 args=(pipe, f"[{task}] ", stream),
@@ -492,7 +493,9 @@ class LocalCluster:
 
     def _workers_alive(self) -> int:
         return sum(
-            1 for i, task in enumerate(self.tasks) if task.type == "worker" and i not in self._status
+            1
+            for i, task in enumerate(self.tasks)
+            if task.type == "worker" and i not in self._status
         )
 
     def _ps_mode_exit(self, i: int, status: int) -> Outcome | None:
