@@ -594,6 +594,29 @@ def _atomic_update(original, op: str):
     return method
 
 
+def _sharded_as_numpy(original):
+    """Wraps Keras ``Variable.__array__``/``numpy`` to read a sharded variable whole.
+
+    Upstream (Keras 3.15): ``np.asarray(variable)`` calls
+    ``variable.value.__array__``, which ``ShardedVariable`` lacks, so
+    ``model.save_weights``/``model.save`` fail with "AttributeError:
+    'ShardedVariable' object has no attribute '__array__'". The shards are
+    read and concatenated (on the chief, when saving).
+    """
+
+    @functools.wraps(original)
+    def method(self, *args, **kwargs):
+        sharded = _sharded(self)
+        if sharded is None:
+            return original(self, *args, **kwargs)
+        value = tf.convert_to_tensor(sharded).numpy()
+        dtype = args[0] if args else kwargs.get("dtype")
+        return value.astype(dtype) if dtype is not None else value
+
+    method.__hybridpar_fix__ = True
+    return method
+
+
 def _embedding_gathers_from_shards(original):
     """Wraps ``Embedding.call`` to look up a sharded table shard by shard.
 
@@ -707,6 +730,8 @@ def install_parameter_server_fixes() -> None:
         if not getattr(current.fget, "__hybridpar_fix__", False):
             setattr(layer, name, _trainables_as_shard_views(current))
     _patch(keras.layers.Embedding, "call", _embedding_gathers_from_shards)
+    for name in ("__array__", "numpy"):
+        _patch(keras.Variable, name, _sharded_as_numpy)
     for op in ("assign_add", "assign_sub"):
         _patch(keras.Variable, op, functools.partial(_atomic_update, op=op))
     trainer = keras_tf_trainer.TensorFlowTrainer

@@ -287,19 +287,29 @@ def _train_function(model: keras.Model) -> Callable:
     return train_function
 
 
-def ps_tasks_in(error: BaseException, cluster: ClusterInfo) -> list[str]:
-    """``ps:I (host:port)`` for every ps task an error message names (pure logic)."""
-    found = sorted({int(i) for i in _PS_TASK.findall(str(error))})
+def ps_tasks_in(message: str, cluster: ClusterInfo) -> list[str]:
+    """``ps:I (host:port)`` for every ps task an error message names by job or address."""
     addresses = cluster.jobs.get("ps", ())
-    return [f"ps:{i} ({addresses[i]})" if i < len(addresses) else f"ps:{i}" for i in found]
+    found = {int(i) for i in _PS_TASK.findall(message)}
+    found |= {i for i, address in enumerate(addresses) if address in message}
+    return [f"ps:{i} ({addresses[i]})" if i < len(addresses) else f"ps:{i}" for i in sorted(found)]
+
+
+def root_cause(message: str) -> str:
+    """The line of a TensorFlow error message that says what failed (pure logic)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    for line in lines:
+        if "UNAVAILABLE" in line or "Unavailable" in line or "Connection" in line:
+            return line.removeprefix("(0) ").strip()
+    return lines[0] if lines else ""
 
 
 def _ps_unavailable(error: BaseException, cluster: ClusterInfo) -> ParameterServerUnavailableError:
-    tasks = ps_tasks_in(error, cluster) or [f"one of ps:0..{cluster.num_ps - 1}"]
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    tasks = ps_tasks_in(str(error), cluster) or [f"one of ps:0..{cluster.num_ps - 1}"]
+    cause = root_cause(str(error)) or type(error).__name__
     return ParameterServerUnavailableError(
         f"Parameter server {', '.join(tasks)} became unavailable during training, so its "
-        f"variables are lost ({type(error).__name__}: {first[:300]}). Training cannot "
+        f"variables are lost ({type(error).__name__}: {cause[:300]}). Training cannot "
         "continue without it. Restart the cluster (hybridpar launch --max-restarts N does); "
         "with checkpoint.dir set, hs.callbacks() resume from the last checkpoint."
     )
@@ -367,8 +377,11 @@ def fit(
             for step in range(steps_per_epoch):
                 callbacks.on_train_batch_begin(step)
                 coordinator.schedule(train_function, args=(iterator,))
+                last = step == steps_per_epoch - 1 or model.stop_training
+                if last:  # the epoch's last batch ends when all its steps are done
+                    coordinator.join()
                 callbacks.on_train_batch_end(step, {})
-                if model.stop_training:
+                if last:
                     break
             coordinator.join()
         except (tf.errors.UnavailableError, tf.errors.CancelledError,
