@@ -138,7 +138,7 @@ def _prepared_builder(
     """Returns a builder whose data is prepared, preparing embedded data sets."""
     import tensorflow_datasets as tfds
 
-    import hybridpar.datasets.clicks  # noqa: F401  (registers hybridpar_clicks)
+    import hybridpar.datasets.clicks
     import hybridpar.datasets.digits  # noqa: F401  (registers hybridpar_digits)
 
     data_dir = os.fspath(data_dir) if data_dir is not None else None

@@ -14,12 +14,11 @@ import pathlib
 import signal
 import time
 
-import hybridpar
-
 import hybridpar_models
 import keras
-import numpy as np
 import tensorflow as tf
+
+import hybridpar
 from hybridpar.datasets import clicks
 
 parser = argparse.ArgumentParser()
@@ -54,7 +53,7 @@ def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
 
 
 def generator():
-    yield from zip(features, labels)
+    yield from zip(features, labels, strict=True)
 
 
 class StepCounting(keras.Model):
