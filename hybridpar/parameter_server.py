@@ -29,7 +29,6 @@ the worker back when it returns; if a parameter server dies, ``fit`` raises
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -41,57 +40,16 @@ from hybridpar import batching, keras_compat
 from hybridpar.cluster import ClusterInfo
 from hybridpar.config import PartitionerConfig, StrategyConfig
 from hybridpar.errors import ConfigError, RuntimeMismatchError
+from hybridpar.ps_cluster import PS_TASK, check_cluster, ps_tasks_in, root_cause
 
 logger = logging.getLogger("hybridpar")
 
 _PYTHON_OPS = ("PyFunc", "EagerPyFunc", "PyFuncStateless")
-_PS_TASK = re.compile(r"/job:ps/replica:0/task:(\d+)")
 _FIT_EXAMPLE = "model.fit(dataset_fn, epochs=3, steps_per_epoch=100)"
 
 
 class ParameterServerUnavailableError(RuntimeError):
     """A parameter server stopped answering; training cannot go on without it."""
-
-
-def check_cluster(cluster: ClusterInfo | None, config: StrategyConfig) -> ClusterInfo:
-    """Checks that the cluster can run parameter-server training (pure logic).
-
-    Raises:
-        RuntimeMismatchError: without a cluster, without a chief or ps tasks,
-            without workers, or with more shards than ps tasks.
-    """
-    launch = "hybridpar launch --workers 2 --ps 2 -- python train.py"
-    if cluster is None:
-        raise RuntimeMismatchError(
-            "data_parallel.mode='parameter_server' needs a cluster with chief, worker and ps "
-            f"tasks in TF_CONFIG, but TF_CONFIG is not set. Start it with `{launch}`."
-        )
-    jobs = ", ".join(f"{job}={len(tasks)}" for job, tasks in cluster.jobs.items())
-    for job, why in (("chief", "the chief coordinates training"),
-                     ("ps", "the ps tasks hold the variables"),
-                     ("worker", "the workers run the training steps")):
-        if not cluster.jobs.get(job):
-            raise RuntimeMismatchError(
-                f"data_parallel.mode='parameter_server' needs a {job!r} job in TF_CONFIG "
-                f"({why}). Received: {jobs}. Add the {job!r} job to TF_CONFIG's cluster, or "
-                f"start the cluster with `{launch}`."
-            )
-    check_partitioner(config.parameter_server.partitioner, cluster.num_ps)
-    return cluster
-
-
-def check_partitioner(partitioner: PartitionerConfig | None, num_ps: int) -> None:
-    """Raises when the partitioner asks for more shards than there are ps tasks."""
-    if partitioner is None:
-        return
-    shards = partitioner.shards if partitioner.kind == "fixed" else partitioner.max_shards
-    key = "shards" if partitioner.kind == "fixed" else "max_shards"
-    if shards > num_ps:
-        raise RuntimeMismatchError(
-            f"parameter_server.partitioner.{key}={shards} but the cluster has {num_ps} ps "
-            f"task(s); each shard lives on its own ps. Set {key} to at most {num_ps}, or "
-            f"start more ps tasks (hybridpar launch --ps {shards})."
-        )
 
 
 def make_partitioner(partitioner: PartitionerConfig | None) -> Any:
@@ -287,23 +245,6 @@ def _train_function(model: keras.Model) -> Callable:
     return train_function
 
 
-def ps_tasks_in(message: str, cluster: ClusterInfo) -> list[str]:
-    """``ps:I (host:port)`` for every ps task an error message names by job or address."""
-    addresses = cluster.jobs.get("ps", ())
-    found = {int(i) for i in _PS_TASK.findall(message)}
-    found |= {i for i, address in enumerate(addresses) if address in message}
-    return [f"ps:{i} ({addresses[i]})" if i < len(addresses) else f"ps:{i}" for i in sorted(found)]
-
-
-def root_cause(message: str) -> str:
-    """The line of a TensorFlow error message that says what failed (pure logic)."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    for line in lines:
-        if "UNAVAILABLE" in line or "Unavailable" in line or "Connection" in line:
-            return line.removeprefix("(0) ").strip()
-    return lines[0] if lines else ""
-
-
 def _ps_unavailable(error: BaseException, cluster: ClusterInfo) -> ParameterServerUnavailableError:
     tasks = ps_tasks_in(str(error), cluster) or [f"one of ps:0..{cluster.num_ps - 1}"]
     cause = root_cause(str(error)) or type(error).__name__
@@ -318,7 +259,7 @@ def _ps_unavailable(error: BaseException, cluster: ClusterInfo) -> ParameterServ
 def _is_ps_failure(error: BaseException) -> bool:
     from tensorflow.python.distribute.coordinator import cluster_coordinator
 
-    return cluster_coordinator._is_ps_failure(error) or bool(_PS_TASK.search(str(error)))
+    return cluster_coordinator._is_ps_failure(error) or bool(PS_TASK.search(str(error)))
 
 
 def _callback_list(model, callbacks, verbose, epochs, steps) -> keras.callbacks.CallbackList:
