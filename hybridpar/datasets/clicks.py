@@ -14,7 +14,9 @@ Layout (stable, part of version 1.0.0):
 * ``label``: `ClassLabel` "no_click"/"click".
 * ``train``: 20000 examples; ``test``: 4000 examples.
 
-The hidden model: users and items have 4-dimensional latent vectors (items
+Users and items are drawn with Zipf(1.3) popularity (a few recur often, most
+rarely, as in real logs), their ids spread over the tables by a fixed
+permutation. The hidden model: users and items have 4-dimensional latent vectors (items
 share most of theirs with their category, users with their segment); the
 click logit is their dot product plus a segment x category affinity and an
 hour-of-day term, plus logistic noise. A model that learns user and item
@@ -37,6 +39,7 @@ NUM_CATEGORIES = 64
 SIZES = {"train": 20_000, "test": 4_000}
 _SEED = 20261130
 _LATENT = 4
+_ZIPF = 1.3
 
 
 def generate(num_examples: int, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -54,14 +57,16 @@ def generate(num_examples: int, offset: int = 0) -> tuple[np.ndarray, np.ndarray
     user_noise = hidden.normal(scale=0.7, size=(NUM_USERS, _LATENT))
     item_noise = hidden.normal(scale=0.7, size=(NUM_ITEMS, _LATENT))
     hour_effect = np.sin(np.arange(24) / 24 * 2 * np.pi)
+    user_ids = hidden.permutation(NUM_USERS)  # popularity rank -> id, spread over the table
+    item_ids = hidden.permutation(NUM_ITEMS)
     features = np.empty((num_examples, 5), np.int64)
     labels = np.empty((num_examples,), np.int64)
     for start in range(0, num_examples, 1000):
         stop = min(start + 1000, num_examples)
         rng = np.random.default_rng([_SEED, (offset + start) // 1000])
         count = stop - start
-        users = rng.integers(0, NUM_USERS, count)
-        items = rng.integers(0, NUM_ITEMS, count)
+        users = user_ids[np.minimum(rng.zipf(_ZIPF, count) - 1, NUM_USERS - 1)]
+        items = item_ids[np.minimum(rng.zipf(_ZIPF, count) - 1, NUM_ITEMS - 1)]
         hours = rng.integers(0, 24, count)
         segments, categories = segment_of_user[users], category_of_item[items]
         user_vectors = segment_vectors[segments] + user_noise[users]
