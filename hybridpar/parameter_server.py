@@ -29,6 +29,7 @@ the worker back when it returns; if a parameter server dies, ``fit`` raises
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -80,15 +81,16 @@ def serve(cluster: ClusterInfo) -> NoReturn:
 
 
 class _Coordinated:
-    """The coordinator of one ParameterServerStrategy and what fit keeps per model."""
+    """The ClusterCoordinator of one ParameterServerStrategy, and its cluster."""
 
     def __init__(self, strategy: tf.distribute.Strategy, cluster: ClusterInfo) -> None:
-        self.strategy = strategy
         self.cluster = cluster
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
 
 
-_coordinated: dict[int, _Coordinated] = {}
+_coordinated: weakref.WeakKeyDictionary[tf.distribute.Strategy, _Coordinated] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def build_strategy(config: StrategyConfig, cluster: ClusterInfo | None) -> tf.distribute.Strategy:
@@ -108,14 +110,14 @@ def build_strategy(config: StrategyConfig, cluster: ClusterInfo | None) -> tf.di
     strategy = tf.distribute.experimental.ParameterServerStrategy(
         resolver, variable_partitioner=make_partitioner(config.parameter_server.partitioner)
     )
-    _coordinated[id(strategy)] = _Coordinated(strategy, cluster)
+    _coordinated[strategy] = _Coordinated(strategy, cluster)
     keras_compat.route_parameter_server(strategy, fit, evaluate, predict)
     keras_compat.chief_local_datasets(strategy)
     return strategy
 
 
 def _state(model: keras.Model) -> _Coordinated:
-    return _coordinated[id(model.distribute_strategy)]
+    return _coordinated[model.distribute_strategy]
 
 
 # --------------------------------------------------------------------------- input
@@ -240,7 +242,6 @@ def _train_function(model: keras.Model) -> Callable:
     @tf.function
     def train_function(iterator):
         strategy.run(step, args=(next(iterator),))
-        return model.optimizer.iterations if model.optimizer is not None else 0
 
     return train_function
 
