@@ -664,7 +664,8 @@ def _routed_for_parameter_servers(name: str):
     def wrap(original):
         @functools.wraps(original)
         def method(self, *args, **kwargs):
-            route = _ps_routes.get(getattr(self, "_distribute_strategy", None))
+            strategy = getattr(self, "_distribute_strategy", None)
+            route = _ps_routes.get(strategy) if strategy is not None else None
             if route is None:
                 return original(self, *args, **kwargs)
             return route[name](self, *args, **kwargs)
