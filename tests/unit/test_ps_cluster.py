@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+import hybridpar
 from hybridpar import StrategyConfig
 from hybridpar.cluster import parse_tf_config
 from hybridpar.errors import RuntimeMismatchError
@@ -81,3 +82,26 @@ def test_root_cause_is_the_unavailable_line():
     assert root_cause(message) == "UNAVAILABLE:  failed to connect to all addresses"
     assert root_cause("Something else\nmore") == "Something else"
     assert root_cause("") == ""
+
+
+def test_zero_shards_are_refused_by_the_config():
+    with pytest.raises(hybridpar.ConfigError, match=r"kind 'fixed' needs shards >= 1\. "
+                       r"Received: shards=0"):
+        ps_config(kind="fixed", shards=0)
+
+
+@pytest.mark.parametrize("task", [("chief", 0), ("worker", 1), ("ps", 0)])
+def test_import_does_not_join_a_parameter_server_cluster(task, monkeypatch):
+    import hybridpar.multiworker
+
+    joined = []
+    monkeypatch.setattr(hybridpar.multiworker, "bring_up", joined.append)
+    spec = {"chief": ["h:1"], "worker": ["h:2", "h:3"], "ps": ["h:4"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec,
+                                                "task": {"type": task[0], "index": task[1]}}))
+    hybridpar._join_cluster_from_tf_config()
+    assert joined == []  # parameter-server tasks start their servers in scope() instead
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["h:2", "h:3"]},
+                                                "task": {"type": "worker", "index": 1}}))
+    hybridpar._join_cluster_from_tf_config()
+    assert len(joined) == 1  # a multi-worker cluster is joined at import
