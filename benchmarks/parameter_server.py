@@ -19,10 +19,17 @@ variables from the ps and pushes S bytes of gradients back: 2*S per step, or
 2*W*S for W workers stepping once each. The result is measured bytes per
 step over 2*S.
 
-The last two lines are ``steps_ratio=<x>`` and ``bytes_ratio=<x>`` (``nan``
-for a part not run).
+(c) ``sparse``: one 2-worker, 2-ps run of the wide-and-deep recommender
+(``hybridpar_models.wide_and_deep``: 50,000 x 16 user and 100,000 x 16 item
+tables, sharded over both ps by ``min_size``), measured as in (b). Pulling
+and pushing whole tables would cost 2*(D+T) per step (D: dense bytes, T:
+table bytes); gathering rows costs about 2*D plus the looked-up rows. The
+result is measured bytes per step over 2*(D+T).
 
-    python benchmarks/parameter_server.py [--part both|steps|bytes] [--pairs 3]
+The last three lines are ``steps_ratio=<x>``, ``bytes_ratio=<x>`` and
+``sparse_ratio=<x>`` (``nan`` for a part not run).
+
+    python benchmarks/parameter_server.py [--part all|steps|bytes|sparse] [--pairs 3]
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from typing import Any
 from multiworker import counter_between, parse_task_output, socket_counters  # beside this script
 
 CLUSTER_TIMEOUT_S = 300
+SPARSE_PARTITIONER = {"kind": "min_size", "min_shard_bytes": 262144, "max_shards": 2}
 SIZES = ("features", "units", "layers", "batch", "steps", "epochs")
 
 
@@ -52,7 +60,7 @@ SIZES = ("features", "units", "layers", "batch", "steps", "epochs")
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parses the command line; the parent forwards the sizes to its children."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("both", "steps", "bytes"), default="both")
+    parser.add_argument("--part", choices=("all", "steps", "bytes", "sparse"), default="all")
     parser.add_argument("--pairs", type=int, default=3, help="1-/2-worker pairs (steps).")
     parser.add_argument("--features", type=int, default=64, help="Input features.")
     parser.add_argument("--units", type=int, default=512, help="Hidden units.")
@@ -61,6 +69,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=60, help="Steps per epoch.")
     parser.add_argument("--epochs", type=int, default=2, help="Timed epochs after 1 warm-up.")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", choices=("mlp", "wide_and_deep"), default="mlp",
+                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for name in ("pairs", *SIZES):
         if getattr(args, name) < 1:
@@ -77,6 +87,12 @@ def variable_bytes(features: int, units: int, layers: int, classes: int = 10) ->
 def push_pull_volume(workers: int, variables: int) -> int:
     """Bytes W workers move for one step each: each pulls S and pushes S, 2*W*S."""
     return 2 * workers * variables
+
+
+def gathered_volume(dense: int, row_bytes: int, batch: int) -> int:
+    """Bytes of one step that pulls the dense variables and ``batch`` rows of each table,
+    and pushes their gradients: ``2*(D + batch*row_bytes)`` (ids not counted)."""
+    return 2 * (dense + batch * row_bytes)
 
 
 def pair_orders(pairs: int) -> list[tuple[int, int]]:
@@ -119,16 +135,28 @@ def run_task(args: argparse.Namespace) -> dict[str, Any] | None:
 
     tf_config = json.loads(os.environ["TF_CONFIG"])
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(4096, args.features)).astype("float32")
-    y = rng.integers(0, 10, size=(4096,))
+    config: dict[str, Any] = {"data_parallel": {"mode": "parameter_server"}}
+    if args.model == "wide_and_deep":
+        from hybridpar.datasets import clicks
+
+        x, y = clicks.generate(4096)
+        config["parameter_server"] = {"partitioner": SPARSE_PARTITIONER}
+    else:
+        x = rng.normal(size=(4096, args.features)).astype("float32")
+        y = rng.integers(0, 10, size=(4096,))
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch, drop_remainder=True)
-    with hybridpar.scope({"data_parallel": {"mode": "parameter_server"}}):
+    with hybridpar.scope(config):
         keras.utils.set_random_seed(0)
-        model = keras.Sequential(
-            [keras.Input((args.features,))]
-            + [keras.layers.Dense(args.units, activation="relu") for _ in range(args.layers)]
-            + [keras.layers.Dense(10)]
-        )
+        if args.model == "wide_and_deep":
+            import hybridpar_models
+
+            model = hybridpar_models.get("wide_and_deep")()
+        else:
+            model = keras.Sequential(
+                [keras.Input((args.features,))]
+                + [keras.layers.Dense(args.units, activation="relu") for _ in range(args.layers)]
+                + [keras.layers.Dense(10)]
+            )
         model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     ports = cluster_ports(tf_config)
     samples: list[dict[str, Any]] = []
@@ -147,6 +175,7 @@ def run_task(args: argparse.Namespace) -> dict[str, Any] | None:
               callbacks=[Timed()])
     start, end = samples
     steps = args.steps * args.epochs
+    sharded = [v for v in model.trainable_variables if type(v.value).__name__ == "ShardedVariable"]
     sent = counter_between(start["sockets"], end["sockets"], "bytes_sent")
     retransmitted = counter_between(start["sockets"], end["sockets"], "bytes_retrans")
     return {
@@ -155,26 +184,30 @@ def run_task(args: argparse.Namespace) -> dict[str, Any] | None:
         "steps_per_s": steps / (end["time"] - start["time"] - 0.3),
         "payload_bytes": sent - retransmitted,
         "variable_bytes": sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables),
+        "sharded_bytes": sum(int(np.prod(v.shape)) * 4 for v in sharded),
+        "row_bytes": sum(int(v.shape[1]) * 4 for v in sharded),
     }
 
 
 # --------------------------------------------------------------------------- the parent
 
 
-def run_cluster(workers: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Runs one chief + ``workers`` + 1 ps cluster of this script; returns the chief's record.
+def run_cluster(
+    workers: int, args: argparse.Namespace, ps: int = 1, model: str = "mlp"
+) -> dict[str, Any]:
+    """Runs one chief + ``workers`` + ``ps`` cluster of this script; returns the chief's record.
 
     Raises:
         RuntimeError: with the output tail if the chief fails.
     """
     from hybridpar.launch import launch
 
-    cmd = [sys.executable, os.path.abspath(__file__), "--child"]
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", f"--model={model}"]
     cmd += [f"--{name}={getattr(args, name)}" for name in SIZES]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("TF_CONFIG", None)
     out, err = io.StringIO(), io.StringIO()
-    code = launch(cmd, workers, 1, timeout=CLUSTER_TIMEOUT_S, env=env, stdout=out, stderr=err)
+    code = launch(cmd, workers, ps, timeout=CLUSTER_TIMEOUT_S, env=env, stdout=out, stderr=err)
     if code != 0:
         raise RuntimeError(
             f"Cluster with {workers} worker(s) exited with {code}:\n"
@@ -208,6 +241,20 @@ def bytes_part(args: argparse.Namespace) -> float:
     return per_step / analytic
 
 
+def sparse_part(args: argparse.Namespace) -> float:
+    record = run_cluster(2, args, ps=2, model="wide_and_deep")
+    tables, total = record["sharded_bytes"], record["variable_bytes"]
+    per_step = record["payload_bytes"] / record["steps"]
+    whole = push_pull_volume(1, total)
+    rows = gathered_volume(total - tables, record["row_bytes"], args.batch)
+    print(f"wide_and_deep: tables T={tables} B sharded over 2 ps, dense D={total - tables} B; "
+          f"payload {per_step:.0f} B/step; whole-table pull+push 2*(D+T) = {whole} B/step "
+          f"(measured/whole {per_step / whole:.4f}); dense plus looked-up rows "
+          f"2*(D + batch*row bytes) = {rows} B/step (measured/that {per_step / rows:.2f})",
+          flush=True)
+    return per_step / whole
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.child:
@@ -221,10 +268,12 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"localhost; MLP {args.features}-{'-'.join([str(args.units)] * args.layers)}-10 "
           f"(S={variable_bytes(args.features, args.units, args.layers)} B), batch "
           f"{args.batch}, {args.steps} steps x {args.epochs} timed epochs, Adam", flush=True)
-    steps_ratio = steps_part(args) if args.part in ("both", "steps") else math.nan
-    bytes_ratio = bytes_part(args) if args.part in ("both", "bytes") else math.nan
+    steps_ratio = steps_part(args) if args.part in ("all", "steps") else math.nan
+    bytes_ratio = bytes_part(args) if args.part in ("all", "bytes") else math.nan
+    sparse_ratio = sparse_part(args) if args.part in ("all", "sparse") else math.nan
     print(f"steps_ratio={steps_ratio:.3f}")
     print(f"bytes_ratio={bytes_ratio:.3f}")
+    print(f"sparse_ratio={sparse_ratio:.4f}")
 
 
 if __name__ == "__main__":

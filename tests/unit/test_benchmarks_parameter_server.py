@@ -16,6 +16,10 @@ def test_push_pull_volume_is_two_s_per_worker_step():
     assert ps.push_pull_volume(2, 1000) == 4000
 
 
+def test_gathered_volume_moves_dense_variables_and_looked_up_rows_both_ways():
+    assert ps.gathered_volume(dense=1000, row_bytes=64, batch=10) == 2 * (1000 + 640)
+
+
 def test_pairs_alternate_which_cluster_runs_first():
     assert ps.pair_orders(3) == [(1, 2), (2, 1), (1, 2)]
 
