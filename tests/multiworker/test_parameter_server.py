@@ -122,7 +122,7 @@ def test_a_killed_worker_loses_no_steps(tmp_path):
 
 
 def test_a_restarted_worker_rejoins(tmp_path):
-    args = ("--epochs", "3", "--steps", "40", "--kill", "worker:1", "--kill_at", "10",
+    args = ("--epochs", "4", "--steps", "40", "--kill", "worker:1", "--kill_at", "10",
             "--await_restart")
     result = launch(2, 2, *train_ps(tmp_path, *args), max_restarts=1)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -130,7 +130,7 @@ def test_a_restarted_worker_rejoins(tmp_path):
             "address (restart 1 of 1)") in result.stderr
     assert result.stderr.count("[worker:1] hybridpar: worker:1 serving") == 2
     run = chief(tmp_path)
-    assert run["iterations"] == 120
+    assert run["iterations"] == 160
     after_restart = run["steps_by_worker_at_epoch_begin"][1]  # counted once it served again
     assert run["steps_by_worker"][1] > after_restart[1]  # the new worker:1 ran steps
 

@@ -101,7 +101,7 @@ class Kill(keras.callbacks.Callback):
         if self.killed_pid and args.await_restart:
             while int(pid_file.read_text()) == self.killed_pid:
                 time.sleep(0.1)
-            time.sleep(3)  # the restarted server comes up
+            time.sleep(5)  # the restarted task starts its server; the coordinator reconnects
             self.killed_pid = None
         self.counts_by_epoch.append(counts.numpy()[0].tolist())
 
