@@ -28,9 +28,10 @@ the worker back when it returns; if a parameter server dies, ``fit`` raises
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import keras
@@ -263,6 +264,17 @@ def _is_ps_failure(error: BaseException) -> bool:
     return cluster_coordinator._is_ps_failure(error) or bool(PS_TASK.search(str(error)))
 
 
+@contextlib.contextmanager
+def _naming_lost_ps(cluster: ClusterInfo) -> Iterator[None]:
+    """Turns TensorFlow's errors for a lost ps into one that names the ps task."""
+    try:
+        yield
+    except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError) as err:
+        if _is_ps_failure(err):
+            raise _ps_unavailable(err, cluster) from err
+        raise
+
+
 def _callback_list(model, callbacks, verbose, epochs, steps) -> keras.callbacks.CallbackList:
     if isinstance(callbacks, keras.callbacks.CallbackList):
         return callbacks
@@ -312,10 +324,10 @@ def fit(
     callbacks.on_train_begin()
     initial_epoch = model._initial_epoch or initial_epoch
     logs: dict[str, Any] = {}
-    for epoch in range(initial_epoch, epochs):
-        model.reset_metrics()
-        callbacks.on_epoch_begin(epoch)
-        try:
+    with _naming_lost_ps(state.cluster):
+        for epoch in range(initial_epoch, epochs):
+            model.reset_metrics()
+            callbacks.on_epoch_begin(epoch)
             for step in range(steps_per_epoch):
                 callbacks.on_train_batch_begin(step)
                 coordinator.schedule(train_function, args=(iterator,))
@@ -325,22 +337,16 @@ def fit(
                 callbacks.on_train_batch_end(step, {})
                 if last:
                     break
-            coordinator.join()
-        except (tf.errors.UnavailableError, tf.errors.CancelledError,
-                tf.errors.AbortedError) as err:
-            if _is_ps_failure(err):
-                raise _ps_unavailable(err, state.cluster) from err
-            raise
-        logs = {name: float(value) for name, value in model.get_metrics_result().items()}
-        if validation_data is not None and model._should_eval(epoch, validation_freq):
-            val_logs = evaluate(
-                model, validation_data, batch_size=validation_batch_size or batch_size,
-                steps=validation_steps, verbose=0, return_dict=True,
-            )
-            logs.update({f"val_{name}": value for name, value in val_logs.items()})
-        callbacks.on_epoch_end(epoch, logs)
-        if model.stop_training:
-            break
+            logs = {name: float(value) for name, value in model.get_metrics_result().items()}
+            if validation_data is not None and model._should_eval(epoch, validation_freq):
+                val_logs = evaluate(
+                    model, validation_data, batch_size=validation_batch_size or batch_size,
+                    steps=validation_steps, verbose=0, return_dict=True,
+                )
+                logs.update({f"val_{name}": value for name, value in val_logs.items()})
+            callbacks.on_epoch_end(epoch, logs)
+            if model.stop_training:
+                break
     callbacks.on_train_end(logs=logs)
     return model.history
 
