@@ -116,7 +116,10 @@ def test_a_killed_worker_loses_no_steps(tmp_path):
     assert "[chief:0] killing worker:1" in result.stdout
     assert "task worker:1 exited with 137 (killed by SIGKILL)" not in result.stderr  # no restart
     run = chief(tmp_path)
-    assert run["iterations"] == 120  # every scheduled step ran once
+    # No step is lost. A step whose update reached the ps just before its worker died is
+    # run again elsewhere (the coordinator retries a closure that returned no result), so
+    # the one step worker:1 had in flight may count twice.
+    assert run["iterations"] in (120, 121)
     assert run["steps_by_worker"][0] > run["steps_by_worker"][1]
     assert len(run["history"]["loss"]) == 3
 
@@ -130,7 +133,7 @@ def test_a_restarted_worker_rejoins(tmp_path):
             "address (restart 1 of 1)") in result.stderr
     assert result.stderr.count("[worker:1] hybridpar: worker:1 serving") == 2
     run = chief(tmp_path)
-    assert run["iterations"] == 160
+    assert run["iterations"] in (160, 161)  # none lost; the in-flight step may run twice
     after_restart = run["steps_by_worker_at_epoch_begin"][1]  # counted once it served again
     assert run["steps_by_worker"][1] > after_restart[1]  # the new worker:1 ran steps
 
