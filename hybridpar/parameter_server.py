@@ -21,8 +21,9 @@ on the workers. hybridpar's path, learnt from tf_keras's
   (``keras_compat.shard_views``); an ``Embedding`` gathers only the rows it
   looks up, shard by shard.
 
-If a worker dies, the coordinator re-runs its steps on the others and takes
-the worker back when it returns; if a parameter server dies, ``fit`` raises
+If a worker dies, the coordinator re-runs its unfinished steps on the others
+(at least once: a step that updated the ps just before the worker died runs
+again) and takes the worker back when it returns; if a parameter server dies, ``fit`` raises
 :class:`ParameterServerUnavailableError` naming it.
 """
 
