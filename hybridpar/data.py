@@ -32,7 +32,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: TFDS data sets hybridpar generates locally (no download) when missing.
-EMBEDDED_DATASETS = ("hybridpar_digits",)
+EMBEDDED_DATASETS = ("hybridpar_digits", "hybridpar_clicks")
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -138,6 +138,7 @@ def _prepared_builder(
     """Returns a builder whose data is prepared, preparing embedded data sets."""
     import tensorflow_datasets as tfds
 
+    import hybridpar.datasets.clicks
     import hybridpar.datasets.digits  # noqa: F401  (registers hybridpar_digits)
 
     data_dir = os.fspath(data_dir) if data_dir is not None else None

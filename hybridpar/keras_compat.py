@@ -32,6 +32,7 @@ from tensorflow.python.distribute import (
     collective_all_reduce_strategy,
     collective_util,
     cross_device_utils,
+    sharded_variable,
 )
 from tensorflow.python.distribute import (
     cross_device_ops as cross_device_ops_lib,
@@ -644,3 +645,276 @@ def install() -> None:
     _patch(keras.Layer, "__call__", _call_on_stage_device)
     _patch(trainer, "make_train_function", _check_placement_before_training)
     _install_gradient_hook()
+    install_parameter_server_fixes()
+
+
+def global_batch_size(strategy: tf.distribute.Strategy) -> int | None:
+    """The ``data.global_batch_size`` registered for a hybridpar strategy, if any."""
+    return _global_batch_sizes.get(strategy)
+
+
+# --------------------------------------------------------------------------- parameter servers
+
+
+class ShardView(keras.Variable):
+    """A Keras variable over one shard of a ``ShardedVariable`` (no copy).
+
+    Upstream (Keras 3.15 + TF 2.21): a Keras variable built under a
+    ParameterServerStrategy with a ``variable_partitioner`` holds a
+    ``ShardedVariable``, which has no ``handle``, so ``tape.gradient``
+    against the Keras variable raises ``AttributeError: 'ShardedVariable'
+    object has no attribute 'handle'``; and the optimizer's slots, colocated
+    with the whole ``ShardedVariable``, are created unsharded on the chief.
+    A view per shard gives the tape a real resource to differentiate and
+    the optimizer one slot set per shard, placed on that shard's ps.
+    """
+
+    def __init__(self, shard: tf.Variable, parent: keras.Variable, index: int) -> None:
+        self._shard = shard
+        super().__init__(
+            initializer=lambda shape, dtype: None,
+            shape=tuple(shard.shape),
+            dtype=parent.dtype,
+            trainable=parent.trainable,
+            name=f"{parent.path.replace('/', '_')}_shard{index}",
+        )
+
+    def _initialize_with_initializer(self, initializer: Any) -> None:
+        self._value = self._shard
+
+
+_viewed_model: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "hybridpar_viewed_model", default=None
+)
+
+
+def _sharded(variable: Any) -> sharded_variable.ShardedVariable | None:
+    value = getattr(variable, "_value", None)
+    return value if isinstance(value, sharded_variable.ShardedVariable) else None
+
+
+def views_of(variables: list[Any]) -> list[Any]:
+    """``variables`` with each sharded Keras variable replaced by its shard views."""
+    result = []
+    for variable in variables:
+        sharded = _sharded(variable)
+        if sharded is None:
+            result.append(variable)
+            continue
+        views = getattr(variable, "_hybridpar_shard_views", None)
+        if views is None:
+            views = [ShardView(shard, variable, i) for i, shard in enumerate(sharded.variables)]
+            variable._hybridpar_shard_views = views
+        result.extend(views)
+    return result
+
+
+@contextlib.contextmanager
+def shard_views(model: Any) -> Iterator[None]:
+    """Within the block, ``model.trainable_weights``/``trainable_variables`` list shard views.
+
+    ``model.train_step`` (the user's own, if overridden) then takes gradients
+    against the shards and the optimizer updates them; see ``ShardView``.
+    """
+    token = _viewed_model.set(model)
+    try:
+        yield
+    finally:
+        _viewed_model.reset(token)
+
+
+def _trainables_as_shard_views(original: property) -> property:
+    """Wraps ``Layer.trainable_weights``/``trainable_variables`` for ``shard_views``."""
+
+    def getter(self):
+        variables = original.fget(self)
+        if _viewed_model.get() is self:
+            return views_of(variables)
+        return variables
+
+    getter.__hybridpar_fix__ = True
+    wrapped = property(functools.wraps(original.fget)(getter), original.fset, original.fdel)
+    wrapped.fget.__hybridpar_fix__ = True
+    return wrapped
+
+
+_atomic: contextvars.ContextVar[bool] = contextvars.ContextVar("hybridpar_atomic", default=False)
+
+
+@contextlib.contextmanager
+def atomic_updates() -> Iterator[None]:
+    """Within the block, Keras variables' ``assign_add``/``assign_sub`` are single ops."""
+    token = _atomic.set(True)
+    try:
+        yield
+    finally:
+        _atomic.reset(token)
+
+
+def _atomic_update(original, op: str):
+    """Wraps Keras ``Variable.assign_add``/``assign_sub`` for ``atomic_updates``.
+
+    Upstream (Keras 3.15, ``keras/src/backend/common/variables.py``):
+    ``assign_add(v)`` is ``assign(self + v)``, a read then a write. Under
+    parameter servers, workers update the same variables concurrently and
+    updates landing between the read and the write are lost: 20 scheduled
+    steps left ``optimizer.iterations`` at 15 here, and metric totals and
+    weight updates lose contributions the same way. TensorFlow's resource
+    ``AssignAddVariableOp`` is atomic; within ``atomic_updates`` it is used.
+    """
+
+    @functools.wraps(original)
+    def method(self, value):
+        target = getattr(self, "_value", None)
+        if not _atomic.get() or not hasattr(target, op):
+            return original(self, value)
+        return getattr(target, op)(tf.cast(value, target.dtype))
+
+    method.__hybridpar_fix__ = True
+    return method
+
+
+def _sharded_as_numpy(original):
+    """Wraps Keras ``Variable.__array__``/``numpy`` to read a sharded variable whole.
+
+    Upstream (Keras 3.15): ``np.asarray(variable)`` calls
+    ``variable.value.__array__``, which ``ShardedVariable`` lacks, so
+    ``model.save_weights``/``model.save`` fail with "AttributeError:
+    'ShardedVariable' object has no attribute '__array__'". The shards are
+    read and concatenated (on the chief, when saving).
+    """
+
+    @functools.wraps(original)
+    def method(self, *args, **kwargs):
+        sharded = _sharded(self)
+        if sharded is None:
+            return original(self, *args, **kwargs)
+        value = tf.convert_to_tensor(sharded).numpy()
+        dtype = args[0] if args else kwargs.get("dtype")
+        return value.astype(dtype) if dtype is not None else value
+
+    method.__hybridpar_fix__ = True
+    return method
+
+
+def _embedding_gathers_from_shards(original):
+    """Wraps ``Embedding.call`` to look up a sharded table shard by shard.
+
+    Upstream (Keras 3.15): ``ops.take(self.embeddings, ids)`` converts the
+    whole table to one tensor first; for a ``ShardedVariable`` that
+    concatenates every shard (the full table crosses the network each step).
+    ``tf.nn.embedding_lookup`` on a ``ShardedVariable`` gathers only the
+    looked-up rows from each shard, and its gradient is sparse.
+    """
+
+    @functools.wraps(original)
+    def call(self, inputs):
+        table = _sharded(getattr(self, "_embeddings", None))
+        if table is None or getattr(self, "lora_enabled", False) or self.quantization_mode:
+            return original(self, inputs)
+        if inputs.dtype not in (tf.int32, tf.int64):
+            inputs = tf.cast(inputs, tf.int32)
+        return tf.cast(tf.nn.embedding_lookup(table, inputs), self.compute_dtype)
+
+    call.__hybridpar_fix__ = True
+    return call
+
+
+_ps_routes: weakref.WeakKeyDictionary[tf.distribute.Strategy, dict[str, Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def route_parameter_server(strategy: tf.distribute.Strategy, fit: Any, evaluate: Any,
+                           predict: Any) -> None:
+    """Sends ``fit``/``evaluate``/``predict`` of models under ``strategy`` to hybridpar."""
+    _ps_routes[strategy] = {"fit": fit, "evaluate": evaluate, "predict": predict}
+
+
+def _routed_for_parameter_servers(name: str):
+    """Wraps ``TensorFlowTrainer.fit``/``evaluate``/``predict`` for parameter servers.
+
+    Upstream (Keras 3.15): nothing in Keras 3 schedules work on the workers
+    of a ParameterServerStrategy (keras-team/keras#18624); ``fit`` fails with
+    "To use this dataset, you need to pass this dataset to
+    ClusterCoordinator.create_per_worker_dataset". Models whose strategy
+    hybridpar built for parameter servers go to ``hybridpar.parameter_server``.
+    """
+
+    def wrap(original):
+        @functools.wraps(original)
+        def method(self, *args, **kwargs):
+            strategy = getattr(self, "_distribute_strategy", None)
+            route = _ps_routes.get(strategy) if strategy is not None else None
+            if route is None:
+                return original(self, *args, **kwargs)
+            return route[name](self, *args, **kwargs)
+
+        method.__hybridpar_fix__ = True
+        return method
+
+    return wrap
+
+
+def keras_evaluate(model: Any, *args: Any, **kwargs: Any) -> Any:
+    """Keras's own ``evaluate``, past the parameter-server routing."""
+    return keras_tf_trainer.TensorFlowTrainer.evaluate.__wrapped__(model, *args, **kwargs)
+
+
+def keras_predict(model: Any, *args: Any, **kwargs: Any) -> Any:
+    """Keras's own ``predict``, past the parameter-server routing."""
+    return keras_tf_trainer.TensorFlowTrainer.predict.__wrapped__(model, *args, **kwargs)
+
+
+_on_chief: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "hybridpar_on_chief", default=None
+)
+
+
+def chief_local_datasets(strategy: tf.distribute.Strategy) -> None:
+    """Inside ``chief_only_run``, the strategy hands datasets to Keras unchanged.
+
+    Upstream (TF 2.21): a ParameterServerStrategy's distributed dataset can
+    only be iterated on workers; the chief's evaluate/predict read the plain
+    dataset and run each step on the chief.
+    """
+    distribute = strategy.experimental_distribute_dataset
+
+    @functools.wraps(distribute)
+    def experimental_distribute_dataset(dataset, options=None):
+        if _on_chief.get() is strategy:
+            return dataset
+        return distribute(dataset, options)
+
+    strategy.experimental_distribute_dataset = experimental_distribute_dataset
+
+
+@contextlib.contextmanager
+def chief_only_run(strategy: tf.distribute.Strategy) -> Iterator[None]:
+    """Runs ``strategy.run`` on the chief without the "not scheduled" warning per step."""
+    token = _on_chief.set(strategy)
+    extended = strategy.extended
+    previous = extended._allow_run_without_coordinator
+    extended._allow_run_without_coordinator = True
+    try:
+        yield
+    finally:
+        extended._allow_run_without_coordinator = previous
+        _on_chief.reset(token)
+
+
+def install_parameter_server_fixes() -> None:
+    """Applies the parameter-server fixes once (idempotent)."""
+    layer = keras.layers.Layer
+    for name in ("trainable_weights", "trainable_variables"):
+        current = layer.__dict__[name]
+        if not getattr(current.fget, "__hybridpar_fix__", False):
+            setattr(layer, name, _trainables_as_shard_views(current))
+    _patch(keras.layers.Embedding, "call", _embedding_gathers_from_shards)
+    for name in ("__array__", "numpy"):
+        _patch(keras.Variable, name, _sharded_as_numpy)
+    for op in ("assign_add", "assign_sub"):
+        _patch(keras.Variable, op, functools.partial(_atomic_update, op=op))
+    trainer = keras_tf_trainer.TensorFlowTrainer
+    for name in ("fit", "evaluate", "predict"):
+        _patch(trainer, name, _routed_for_parameter_servers(name))

@@ -6,6 +6,11 @@ picks free localhost ports, starts one process per task running CMD with its own
 stops the whole cluster when a task fails (SIGTERM to each task's process group,
 SIGKILL after a grace period) and can start it again on new ports.
 
+In parameter-server mode (``--ps M``) the chief's exit ends the cluster; a failed
+worker is restarted alone at its address (the coordinator takes it back) while
+restarts are left, else the other workers go on; a lost ps task is left to the
+chief to report. ``--max-restarts`` counts both kinds of restart.
+
 ``hybridpar tf-config --workers h1:p,h2:p [--chief h:p] [--ps h:p,...] --type T --index I``
 prints the ``TF_CONFIG`` JSON to set on each machine of a real cluster.
 
@@ -213,6 +218,27 @@ def ends_cluster(task: Task, status: int, ps_mode: bool) -> bool:
     return status != 0 or (ps_mode and task.type == "chief")
 
 
+PsExitAction = Literal["end", "restart_task", "keep_going"]
+
+
+def ps_mode_exit(task: Task, status: int, workers_alive: int, restarts_left: int) -> PsExitAction:
+    """What one task's exit means in parameter-server mode.
+
+    The chief's exit ends the cluster. A failed worker is restarted alone
+    (same address) while restarts are left, and the coordinator takes it
+    back; without restarts the other workers go on, unless none is left. A
+    ps task's exit leaves the chief to report which ps was lost and end the
+    cluster.
+    """
+    if task.type == "chief":
+        return "end"
+    if task.type == "worker" and status != 0:
+        if restarts_left > 0:
+            return "restart_task"
+        return "keep_going" if workers_alive > 0 else "end"
+    return "keep_going"
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """How one run of the cluster ended.
@@ -248,6 +274,14 @@ def summary_line(outcome: Outcome, num_tasks: int, ps_mode: bool, timeout: float
         )
     name = signal.Signals(outcome.signum).name if outcome.signum else "a signal"
     return f"received {name}; stopped all tasks; {code}"
+
+
+def task_restart_line(task: Task, status: int, restart: int, max_restarts: int) -> str:
+    """``task worker:1 exited with 137; restarting it alone (restart 1 of 2)``."""
+    return (
+        f"task {task} exited with {describe_status(status)}; restarting it alone at the same "
+        f"address (restart {restart} of {max_restarts})"
+    )
 
 
 def restart_line(task: Task, status: int, restart: int, max_restarts: int) -> str:
@@ -406,8 +440,12 @@ class LocalCluster:
         restart: int = 0,
         env: Mapping[str, str] | None = None,
         output: _Output | None = None,
+        task_restarts: int = 0,
+        max_restarts: int = 0,
     ) -> None:
         self.command = list(command)
+        self.task_restarts = task_restarts
+        self.max_restarts = max_restarts
         self.tasks = list(tasks)
         self.cluster = cluster_spec(self.tasks, addresses)
         self.restart = restart
@@ -427,30 +465,52 @@ class LocalCluster:
         """Starts every task; on OSError (e.g. CMD not found) stops those started and re-raises."""
         try:
             for task in self.tasks:
-                proc = subprocess.Popen(
-                    self.command,
-                    env=task_environment(self._env, self.cluster, task, self.restart),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,
-                )
-                self._procs.append(proc)
-                for pipe, stream in (
-                    (proc.stdout, self._output.stdout),
-                    (proc.stderr, self._output.stderr),
-                ):
-                    reader = threading.Thread(
-                        target=self._pump,
-                        args=(pipe, f"[{task}] ", stream),
-                        daemon=True,
-                        name=f"hybridpar-launch-{task}",
-                    )
-                    reader.start()
-                    self._readers.append(reader)
+                self._procs.append(self._spawn(task, self.restart))
         except OSError:
             self.stop(grace=0)
             raise
+
+    def _spawn(self, task: Task, restart: int) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            self.command,
+            env=task_environment(self._env, self.cluster, task, restart),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        streams = ((proc.stdout, self._output.stdout), (proc.stderr, self._output.stderr))
+        for pipe, stream in streams:
+            reader = threading.Thread(
+                target=self._pump,
+                args=(pipe, f"[{task}] ", stream),
+                daemon=True,
+                name=f"hybridpar-launch-{task}",
+            )
+            reader.start()
+            self._readers.append(reader)
+        return proc
+
+    def _workers_alive(self) -> int:
+        return sum(
+            1
+            for i, task in enumerate(self.tasks)
+            if task.type == "worker" and i not in self._status
+        )
+
+    def _ps_mode_exit(self, i: int, status: int) -> Outcome | None:
+        task = self.tasks[i]
+        restarts_left = self.max_restarts - self.restart - self.task_restarts
+        action = ps_mode_exit(task, status, self._workers_alive(), restarts_left)
+        if action == "end":
+            return Outcome("failed" if status else "finished", status, task)
+        if action == "restart_task":
+            self.task_restarts += 1
+            restart = self.restart + self.task_restarts
+            self._output.info(task_restart_line(task, status, restart, self.max_restarts))
+            self._procs[i] = self._spawn(task, restart)
+            del self._status[i]
+        return None
 
     def _pump(self, pipe: IO[bytes], prefix: str, stream: IO[str]) -> None:
         with pipe:
@@ -468,6 +528,11 @@ class LocalCluster:
                 continue
             status = self._status[i] = exit_status(returncode)
             task = self.tasks[i]
+            if self.ps_mode:
+                outcome = self._ps_mode_exit(i, status)
+                if outcome is not None:
+                    return outcome
+                continue
             if ends_cluster(task, status, self.ps_mode):
                 return Outcome("failed" if status else "finished", status, task)
             if len(self._status) == len(self._procs):
@@ -583,12 +648,14 @@ def launch(
     deadline = None if timeout is None else time.monotonic() + timeout
     previous_ports: list[int] = []
     with _SignalWatcher() as signals:
-        for restart in range(max_restarts + 1):
+        restart = 0
+        while restart <= max_restarts:
             ports = pick_ports(len(tasks), exclude=previous_ports)
             previous_ports = ports
             addresses = [format_address(host, port) for port in ports]
             cluster = LocalCluster(
-                command, tasks, addresses, restart=restart, env=env, output=output
+                command, tasks, addresses, restart=restart, env=env, output=output,
+                max_restarts=max_restarts,
             )
             layout = " ".join(f"{t}={a}" for t, a in zip(tasks, addresses, strict=True))
             run = f"run {restart + 1} of at most {max_restarts + 1}; " if max_restarts else ""
@@ -611,8 +678,10 @@ def launch(
                 cluster.stop(grace, hurry=signals.repeated)
             failed_task = outcome.task if outcome.reason == "failed" else None
             time_left = deadline is None or time.monotonic() < deadline
+            restart += cluster.task_restarts
             if failed_task and restart < max_restarts and time_left and not signals.first():
-                output.info(restart_line(failed_task, outcome.exit_code, restart + 1, max_restarts))
+                restart += 1
+                output.info(restart_line(failed_task, outcome.exit_code, restart, max_restarts))
                 continue
             if signals.first() and outcome.reason != "signal":
                 outcome = Outcome("signal", 128 + signals.received[0], signum=signals.received[0])
@@ -672,7 +741,8 @@ def _launch_parser() -> _Parser:
         "--max-restarts",
         type=int,
         default=0,
-        help="restart the whole cluster at most K times after a task fails",
+        help="restart at most K times after a task fails: the whole cluster, or in "
+        "parameter-server mode a failed worker alone",
     )
     parser.add_argument(
         "--timeout",

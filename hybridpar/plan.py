@@ -15,6 +15,7 @@ from hybridpar.config import StrategyConfig, check_batch_divides
 from hybridpar.devices import canonical_device, device_kind
 from hybridpar.errors import ConfigError, RuntimeMismatchError
 from hybridpar.mesh import DeviceMesh
+from hybridpar.ps_cluster import check_cluster
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +147,8 @@ def make_plan(
         devices = devices[:stages]
     if mode == "multi_worker":
         devices = _multi_worker_devices(config, devices)
+    if mode == "parameter_server":
+        check_cluster(cluster, config)
     mesh = DeviceMesh(devices, stages)
     num_workers = cluster.num_workers if cluster is not None and mode == "multi_worker" else 1
     plan = Plan(mode=mode, mesh=mesh, num_workers=num_workers, explicit_devices=explicit)

@@ -202,11 +202,20 @@ def _build_multi_worker(
     return multiworker.build_strategy(config, cluster)
 
 
+def _build_parameter_server(
+    plan: Plan, config: StrategyConfig, cluster: ClusterInfo | None
+) -> tf.distribute.Strategy:
+    from hybridpar import parameter_server
+
+    return parameter_server.build_strategy(config, cluster)
+
+
 _Builder = Callable[[Plan, StrategyConfig, ClusterInfo | None], tf.distribute.Strategy]
 _BUILDERS: dict[str, _Builder] = {
     "none": _build_none,
     "mirrored": _build_mirrored,
     "multi_worker": _build_multi_worker,
+    "parameter_server": _build_parameter_server,
 }
 
 

@@ -14,11 +14,13 @@ from hybridpar.config import did_you_mean
 from hybridpar.errors import ConfigError
 
 from .digits import digits_cnn, digits_mlp, digits_transformer
+from .recommender import wide_and_deep
 
 MODELS: dict[str, Callable[..., keras.Model]] = {
     "digits_cnn": digits_cnn,
     "digits_mlp": digits_mlp,
     "digits_transformer": digits_transformer,
+    "wide_and_deep": wide_and_deep,
 }
 
 

@@ -159,7 +159,8 @@ def test_nccl_on_cpus_is_refused():
     [
         ({"communication": {"compression": "fp16"}}, "Gradient compression is not available"),
         ({"data_parallel": {"mode": "parameter_server"}},
-         "Mode 'parameter_server' is not available"),
+         r"mode='parameter_server' needs a cluster with chief, worker and ps tasks in TF_CONFIG, "
+         r"but TF_CONFIG is not set\. Start it with `hybridpar launch --workers 2 --ps 2"),
     ],
 )
 def test_reserved_features_fail_clearly(config, match):

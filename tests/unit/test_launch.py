@@ -440,6 +440,54 @@ def test_parameter_server_mode_returns_the_chief_failure(records):
     assert_no_survivors(records)
 
 
+def test_what_a_task_exit_means_in_parameter_server_mode():
+    exit_ = launch.ps_mode_exit
+    assert exit_(Task("chief", 0), 0, workers_alive=2, restarts_left=3) == "end"
+    assert exit_(Task("chief", 0), 1, workers_alive=2, restarts_left=3) == "end"
+    assert exit_(Task("worker", 1), 137, workers_alive=1, restarts_left=1) == "restart_task"
+    assert exit_(Task("worker", 1), 137, workers_alive=1, restarts_left=0) == "keep_going"
+    assert exit_(Task("worker", 1), 137, workers_alive=0, restarts_left=0) == "end"
+    assert exit_(Task("ps", 1), 137, workers_alive=2, restarts_left=3) == "keep_going"
+    assert launch.task_restart_line(Task("worker", 1), 137, 1, 2) == (
+        "task worker:1 exited with 137 (killed by SIGKILL); restarting it alone at the same "
+        "address (restart 1 of 2)")
+
+
+def test_parameter_server_mode_goes_on_without_a_dead_worker(records):
+    chief = {"wait_for": ["worker:1", "ps:0"], "sleep": 1, "stdout": "chief done"}
+    plan = {"*": {"sleep": 600}, "worker:1": {"wait_for": ["worker:0"], "sleep": 0, "kill": True},
+            "chief:0": chief}
+    result, _ = run_launch(["--workers", "2", "--ps", "1"], plan, records)
+    assert result.returncode == 0, result.stderr
+    assert "[chief:0] chief done" in result.stdout
+    assert "restarting" not in result.stderr
+    assert_no_survivors(records)
+
+
+def test_parameter_server_mode_restarts_a_dead_worker_alone_at_its_address(records):
+    plan = {"*": {"sleep": 600}, "worker:1@0": {"wait_for": ["worker:0"], "sleep": 0, "exit": 3},
+            "chief:0": {"wait_for": ["worker:1@1"], "sleep": 0}}
+    result, _ = run_launch(["--workers", "2", "--ps", "1", "--max-restarts", "1"], plan, records)
+    assert result.returncode == 0, result.stderr
+    assert ("task worker:1 exited with 3; restarting it alone at the same address "
+            "(restart 1 of 1)") in result.stderr
+    got = records_of(records)
+    assert sorted(got) == ["chief:0@0", "ps:0@0", "worker:0@0", "worker:1@0", "worker:1@1"]
+    assert got["worker:1@1"]["tf_config"] == got["worker:1@0"]["tf_config"]
+    assert_no_survivors(records)
+
+
+def test_parameter_server_mode_restarts_the_cluster_when_the_chief_fails(records):
+    plan = {"*": {"sleep": 600}, "chief:0@0": {"wait_for": ["ps:0"], "sleep": 0, "exit": 5},
+            "chief:0@1": {"wait_for": ["ps:0@1"], "sleep": 0}}
+    result, _ = run_launch(["--workers", "1", "--ps", "1", "--max-restarts", "1"], plan, records)
+    assert result.returncode == 0, result.stderr
+    assert "task chief:0 exited with 5; restarting the cluster (restart 1 of 1)" in result.stderr
+    assert sorted(records_of(records)) == ["chief:0@0", "chief:0@1", "ps:0@0", "ps:0@1",
+                                           "worker:0@0", "worker:0@1"]
+    assert_no_survivors(records)
+
+
 def test_command_that_cannot_start_exits_127(tmp_path):
     result = subprocess.run([*LAUNCH, "--workers", "2", "--", str(tmp_path / "no-such-program")],
                             capture_output=True, text=True, env=_env(), timeout=30)

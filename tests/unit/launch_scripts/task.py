@@ -6,7 +6,8 @@ does (later keys override earlier ones: ``*``, then the task, then task@restart)
     grandchild: start ``sleep 600`` as a child of this task
     ignore_term: ignore SIGTERM
     bind: bind this task's own TF_CONFIG port (proves it is free and not shared)
-    wait_for: task names whose records must exist before going on (at most 20 s)
+    wait_for: task names whose records must exist before going on (at most 20 s), of
+        this run (``worker:0``) or of a given restart (``worker:0@1``)
     stdout / stderr: a line to print there; tail: text printed without a newline
     sleep: seconds to sleep;  kill: SIGKILL itself;  exit: the exit code (default 0)
 
@@ -51,7 +52,8 @@ os.rename(tmp, os.path.join(record_dir, f"{task}@{restart}.json"))
 print("record", json.dumps(record))
 end = time.monotonic() + 20
 for other in spec.get("wait_for", []):
-    while not os.path.exists(os.path.join(record_dir, f"{other}@{restart}.json")):
+    name = other if "@" in other else f"{other}@{restart}"
+    while not os.path.exists(os.path.join(record_dir, f"{name}.json")):
         if time.monotonic() > end:
             sys.exit(f"{task}: gave up waiting for {other}")
         time.sleep(0.02)
