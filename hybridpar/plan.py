@@ -149,6 +149,15 @@ def make_plan(
         devices = _multi_worker_devices(config, devices)
     if mode == "parameter_server":
         check_cluster(cluster, config)
+        parallel = config.model_parallel
+        if parallel.stages > 1 or parallel.microbatches > 1:
+            raise ConfigError(
+                "data_parallel.mode='parameter_server' trains whole models on each worker; "
+                "model-parallel stages and microbatches are not available with it. Received: "
+                f"model_parallel.stages={parallel.stages}, "
+                f"model_parallel.microbatches={parallel.microbatches}. Set both to 1, or use "
+                "mode 'mirrored' or 'multi_worker'."
+            )
     mesh = DeviceMesh(devices, stages)
     num_workers = cluster.num_workers if cluster is not None and mode == "multi_worker" else 1
     plan = Plan(mode=mode, mesh=mesh, num_workers=num_workers, explicit_devices=explicit)

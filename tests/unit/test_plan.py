@@ -189,3 +189,14 @@ def test_multi_worker_stages_on_multi_gpu_workers_are_refused():
     gpus = ["/device:CPU:0", "/device:GPU:0", "/device:GPU:1"]
     with pytest.raises(RuntimeMismatchError, match="makes every local GPU a replica"):
         make_plan(config(**{"model_parallel.stages": 2}), gpus, workers)
+
+
+@pytest.mark.parametrize("key", ["model_parallel.stages", "model_parallel.microbatches"])
+def test_parameter_server_refuses_model_parallelism(key):
+    ps = parse_tf_config(json.dumps({
+        "cluster": {"chief": ["h:0"], "worker": ["h:1"], "ps": ["h:2"]},
+        "task": {"type": "chief", "index": 0},
+    }))
+    with pytest.raises(ConfigError, match=r"mode='parameter_server' trains whole models.*"
+                                          rf"{key.split('.')[1]}=2"):
+        make_plan(config(**{key: 2}), CPUS, ps)
