@@ -1,0 +1,21 @@
+"""Pure helpers of benchmarks/pipeline.py (no TensorFlow, no training)."""
+
+import pytest
+from benchmark_loader import load_benchmark
+
+pipeline = load_benchmark("pipeline")
+
+
+def test_speedups_compare_each_m_with_m1_and_the_gpipe_bound():
+    result = pipeline.speedups({1: 0.100, 2: 0.080, 4: 0.0625})
+    measured, bound, ratio = result[4]
+    assert measured == pytest.approx(1.6)
+    assert bound == pytest.approx(1.6)
+    assert ratio == pytest.approx(1.0)
+    assert result[2][0] == pytest.approx(1.25) and result[2][2] == pytest.approx(1.25 / (4 / 3))
+
+
+@pytest.mark.parametrize("argv", [["--batch", "100"], ["--rounds", "0"], ["--units", "0"]])
+def test_parse_args_refuses_sizes_that_do_not_split(argv):
+    with pytest.raises(SystemExit):
+        pipeline.parse_args(argv)
