@@ -76,6 +76,11 @@ class PlacementReport:
                 weights = _megabytes(self.weight_bytes.get(device, 0))
                 slots = _megabytes(self.optimizer_bytes.get(device, 0))
                 lines.append(f"  {device} ({replica}, {stage}): {weights} + {slots}")
+        for device in sorted(set(self.weight_bytes) | set(self.optimizer_bytes)):
+            if device not in mesh.devices:
+                weights = _megabytes(self.weight_bytes.get(device, 0))
+                slots = _megabytes(self.optimizer_bytes.get(device, 0))
+                lines.append(f"  {device}: {weights} + {slots}")
         if self.unplaced:
             lines.append(
                 f"  not placed by any rule (on stage 0): {', '.join(self.unplaced)}"
@@ -131,9 +136,13 @@ def _megabytes(count: int) -> str:
 
 
 def _variable_parts(variable: Any) -> list[Any]:
-    """The per-device tf.Variables behind a Keras or distributed variable."""
+    """The per-device tf.Variables behind a Keras, mirrored or sharded variable."""
     value = variable.value if isinstance(variable, keras.Variable) else variable
-    return list(getattr(value, "values", None) or [value])
+    for parts in ("values", "variables"):  # mirrored copies; parameter-server shards
+        found = getattr(value, parts, None)
+        if found:
+            return [p for part in found for p in _variable_parts(part)]
+    return [value]
 
 
 def _bytes_per_device(variables: list[Any]) -> dict[str, int]:
@@ -146,8 +155,10 @@ def _bytes_per_device(variables: list[Any]) -> dict[str, int]:
 
 
 def _local(device: str) -> str:
+    """``/device:TYPE:i``, prefixed by ``/job:ps/task:t`` for a parameter server's."""
     spec = tf.DeviceSpec.from_string(device)
-    return canonical_device(f"/device:{spec.device_type}:{spec.device_index or 0}")
+    local = canonical_device(f"/device:{spec.device_type}:{spec.device_index or 0}")
+    return f"/job:ps/task:{spec.task or 0}{local}" if spec.job == "ps" else local
 
 
 def _placed_by(placer: StagePlacer, path: tuple[Any, ...]) -> tuple[int, str]:
