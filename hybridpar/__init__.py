@@ -24,7 +24,7 @@ _LAZY = {
     "current": "hybridpar.strategy",
     "scope": "hybridpar.strategy",
 }
-_LAZY_MODULES = ("callbacks", "data", "testing")
+_LAZY_MODULES = ("callbacks", "checkpoint", "data", "testing")
 
 __all__ = [
     "ConfigError",
@@ -34,6 +34,7 @@ __all__ = [
     "__version__",
     "build",
     "callbacks",
+    "checkpoint",
     "current",
     "data",
     "scope",
