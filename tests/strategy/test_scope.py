@@ -1,6 +1,5 @@
 """hybridpar.scope() on real tf.distribute strategies over 4 logical CPUs."""
 
-
 import keras
 import numpy as np
 import pytest
