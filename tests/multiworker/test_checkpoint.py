@@ -118,6 +118,7 @@ def test_two_workers_to_one_process_and_back_with_a_damaged_latest(tmp_path, ref
     # epochs; one process on one device trains the third from their checkpoint.
     run = launch(script(tmp_path / "cluster", tmp_path / "a", "--epochs", "2"))
     assert run.returncode == 0, run.stderr[-4000:]
+    assert "Traceback" not in run.stderr  # the preemption watchers end cleanly
     local = single(script(tmp_path / "local", tmp_path / "a"))
     assert local.returncode == 0, local.stderr[-4000:]
     assert ("written by multi_worker, 2 worker(s) x 1 replica(s), resumed on none, 1 worker(s) "
