@@ -27,14 +27,15 @@ def dataset() -> tf.data.Dataset:
     return data.shuffle(200, seed=1, reshuffle_each_iteration=False).batch(BATCH)
 
 
-def build(hidden: int = 16) -> keras.Model:
+def build(hidden: int = 16, steps_per_execution: int = 1) -> keras.Model:
     model = keras.Sequential([
         keras.Input((8,)),
         keras.layers.Dense(hidden, activation="relu", name="hidden"),
         keras.layers.Dropout(0.2, seed=4),
         keras.layers.Dense(2, name="out"),
     ])
-    model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"])
+    model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"],
+                  steps_per_execution=steps_per_execution)
     return model
 
 
@@ -55,10 +56,11 @@ class Crash(keras.callbacks.Callback):
             raise KeyboardInterrupt(f"crash after step {self.at}")
 
 
-def train(directory, mode="none", crash_at=None, hidden=16, **checkpoint):
+def train(directory, mode="none", crash_at=None, hidden=16, steps_per_execution=1,
+          **checkpoint):
     keras.utils.set_random_seed(3)
     with hybridpar.scope(config(directory, mode, **checkpoint)) as hs:
-        model = build(hidden)
+        model = build(hidden, steps_per_execution)
         callbacks = hs.callbacks()
     extra = [Crash(crash_at)] if crash_at else []
     history = model.fit(dataset(), epochs=EPOCHS, callbacks=callbacks + extra,
@@ -92,19 +94,45 @@ def test_periodic_checkpoints_keep_the_newest_with_a_manifest(tmp_path):
     assert manifest["variables"]["optimizer"][0]["path"].endswith("iteration")
 
 
-@pytest.mark.parametrize("mode", ["none", "mirrored"])
-def test_an_interrupted_run_ends_like_an_uninterrupted_one(mode, tmp_path):
-    reference, reference_history, _ = train(tmp_path / "reference", mode)
-    with pytest.raises(KeyboardInterrupt):
-        train(tmp_path / "resumed", mode, crash_at=19)  # epoch 2, batch 6; saved at 16
-    resumed, history, callback = train(tmp_path / "resumed", mode)
-    assert callback.restored.step == 16
-    assert callback.restored.manifest["data"]["batch"] == 3
+@pytest.mark.parametrize("mode, steps_per_execution, every_steps, saved_at, batch", [
+    ("none", 1, 4, 16, 3),
+    ("mirrored", 1, 4, 16, 3),
+    ("none", 2, 5, 15, 2),  # steps 13, 15, 17, ... in epoch 2
+])
+def test_an_interrupted_run_ends_like_an_uninterrupted_one(
+    mode, steps_per_execution, every_steps, saved_at, batch, tmp_path
+):
+    settings = {"steps_per_execution": steps_per_execution, "every_steps": every_steps}
+    reference, reference_history, _ = train(tmp_path / "reference", mode, **settings)
+    with pytest.raises(KeyboardInterrupt):  # in epoch 2 (of 13 batches each)
+        train(tmp_path / "resumed", mode, crash_at=19, **settings)
+    resumed, history, callback = train(tmp_path / "resumed", mode, **settings)
+    assert callback.restored.step == saved_at
+    assert callback.restored.manifest["data"]["epoch"] == 1
+    assert callback.restored.manifest["data"]["batch"] == batch
     assert int(resumed.optimizer.iterations.numpy()) == EPOCHS * 13
     assert max_diff(resumed, reference) <= 1e-5
     # The resumed epoch's metrics include the batches trained before the crash.
     np.testing.assert_allclose(history.history["loss"], reference_history.history["loss"][1:],
                                rtol=1e-5)
+
+
+def test_upstream_backup_and_restore_replays_the_interrupted_epoch(tmp_path):
+    """Why hybridpar does not use Keras's BackupAndRestore: it resumes at the epoch only."""
+    def run(crash_at=None):
+        keras.utils.set_random_seed(3)
+        model = build()
+        backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"), save_freq=4)
+        extra = [Crash(crash_at)] if crash_at else []
+        model.fit(dataset(), epochs=EPOCHS, callbacks=[backup, *extra], shuffle=False,
+                  verbose=0)
+        return model
+
+    with pytest.raises(KeyboardInterrupt):
+        run(crash_at=20)  # Keras saved after step 20: epoch 2, batch 7
+    resumed = run()
+    # The 7 batches of epoch 2 trained before the backup are trained again.
+    assert int(resumed.optimizer.iterations.numpy()) == EPOCHS * 13 + 7
 
 
 def test_resume_at_an_epoch_boundary(tmp_path):
