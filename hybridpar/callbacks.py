@@ -55,7 +55,15 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
       same batches in the same order whatever ran before in the process
       (no shuffling, or ``shuffle(..., seed=..., reshuffle_each_iteration=False)``).
     - With ``preemption``, SIGTERM during ``fit`` makes every worker save at
-      the next step boundary and exit with ``PREEMPTED_EXIT_CODE`` (42).
+      the same step boundary (the step after the next) and exit with
+      ``PREEMPTED_EXIT_CODE`` (42). The SIGTERM handler is installed when
+      ``fit`` starts and removed when it ends; if an exception escapes
+      ``fit``, it stays until the next ``fit`` ends.
+
+    The callback works with any ``model.fit`` loop that calls
+    ``model.train_function(iterator)`` once per ``steps_per_execution``
+    batches (Keras's TensorFlow trainer does); a trainer with its own loop
+    plugs in by doing the same.
 
     Args:
         config: the ``checkpoint`` section (``dir`` must be set).
@@ -119,6 +127,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._reset_position()
+        self.restored = None
         self._wrap_train_function()
         if self.resume:
             self._restore()
@@ -153,7 +162,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if self._original_train_function is not None:
             self.model.train_function = self._original_train_function
-        self.model._initial_epoch = None
+        if self.restored is not None:
+            self.model._initial_epoch = None  # set by _restore, as Keras's BackupAndRestore does
         self._iterator = None
         if self._watcher is not None:
             self._watcher.deactivate()
@@ -262,12 +272,11 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         }
         extra = {
             "reason": reason,
-            "data": data,
             "config": self.hybrid.config.to_dict() if self.hybrid is not None else None,
             "topology": self._topology(),
         }
-        path = checkpoint.save(self.model, self.directory, epoch=self._epoch, batch=self._batch,
-                               extra=extra, write_files=self.writes)
+        path = checkpoint.save_position(self.model, self.directory, data, extra=extra,
+                                        write_files=self.writes)
         self._last_saved = step
         if path is not None:
             self.saved.append(path)

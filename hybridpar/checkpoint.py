@@ -20,7 +20,7 @@ so a crash mid-write never damages an earlier one; a damaged checkpoint
 (truncated, edited, missing its manifest) fails its checksum and the
 previous one is used.
 
-Public functions: ``latest(dir)``, ``list_checkpoints(dir)``,
+Public functions: ``latest(dir)``, ``list_checkpoints(dir)``, ``verify(path)``,
 ``restore(model, dir_or_checkpoint)``, ``save(model, dir, ...)``.
 """
 
@@ -418,22 +418,31 @@ def save(model: Any, directory: str | os.PathLike, *, epoch: int = 0, batch: int
         model: a compiled, built Keras model.
         directory: where checkpoints go.
         epoch: the epoch to resume in.
-        batch: batches of that epoch already trained.
-        extra: more manifest entries (``config``, ``topology``, ``data``).
+        batch: batches of that epoch already trained (and drawn from a
+            fresh iterator of that epoch).
+        extra: more manifest entries (``config``, ``topology``, ``reason``).
         write_files: ``False`` on workers that only take part in capturing.
 
     Returns:
         The checkpoint directory, or ``None`` when ``write_files`` is False.
     """
+    data = {"epoch": epoch, "batch": batch, "iterator_position": batch,
+            "iterator_persists": False}
+    return save_position(model, directory, data, extra=extra, write_files=write_files)
+
+
+def save_position(model: Any, directory: str | os.PathLike, data: dict[str, Any], *,
+                  extra: dict[str, Any] | None = None, write_files: bool = True) -> Path | None:
+    """``save`` with the full data position: ``epoch``, ``batch``,
+    ``iterator_position`` (batches drawn from the live iterator) and
+    ``iterator_persists`` (whether that iterator spans epochs)."""
     arrays, specs = capture(model)
     optimizer = getattr(model, "optimizer", None)
     step = int(optimizer.iterations.numpy()) if optimizer is not None else 0
     if not write_files:
         return None
-    data = {"epoch": epoch, "batch": batch, "iterator_position": batch,
-            "iterator_persists": False}
-    manifest = {"step": step, "data": data, "variables": specs, "created": time.time(),
-                **(extra or {})}
+    manifest = {**(extra or {}), "step": step, "data": data, "variables": specs,
+                "created": time.time()}
     return write(directory, arrays, manifest)
 
 
