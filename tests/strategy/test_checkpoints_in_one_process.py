@@ -221,3 +221,18 @@ def test_a_checkpoint_restores_in_another_topology(source, target, tmp_path):
     # Training continues from the restored step in the new topology.
     model.fit(dataset().take(2), epochs=1, shuffle=False, verbose=0)
     assert int(model.optimizer.iterations.numpy()) == EPOCHS * 13 + 2
+
+
+def test_restore_needs_a_checkpoint_and_a_built_model(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"No checkpoint in .*empty \(expected "
+                       r"directories named ckpt-<step>\)"):
+        hybridpar.checkpoint.restore(build(), tmp_path / "empty")
+    train(tmp_path / "ckpt")
+    unbuilt = keras.Sequential([keras.layers.Dense(2)], name="unbuilt")
+    with pytest.raises(ConfigError, match="Model 'unbuilt' has no variables yet"):
+        hybridpar.checkpoint.restore(unbuilt, tmp_path / "ckpt")
+    other_optimizer = build()
+    other_optimizer.compile(keras.optimizers.SGD(0.1, momentum=0.9), "mse")
+    with pytest.raises(CheckpointMismatchError, match="written by a different optimizer"):
+        hybridpar.checkpoint.restore(other_optimizer, tmp_path / "ckpt")
+    hybridpar.checkpoint.restore(other_optimizer, tmp_path / "ckpt", optimizer=False)
