@@ -118,6 +118,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self._last_saved = -1
         self._original_train_function: Any = None
         self._pending_metrics: dict[str, Any] | None = None
+        self._epoch_save_pending = False
         self._watcher: Any = None
 
     def _step(self) -> int:
@@ -157,9 +158,14 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch, self._batch = epoch + 1, 0
         if self.every_epochs and (epoch + 1) % self.every_epochs == 0:
-            self.save()
+            # Written before the next epoch's first step, once it is known whether that
+            # epoch draws from a fresh iterator; the state is the same as now.
+            self._epoch_save_pending = True
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self._epoch_save_pending:
+            self._epoch_save_pending = False
+            self.save()
         if self._original_train_function is not None:
             self.model.train_function = self._original_train_function
         if self.restored is not None:
@@ -183,6 +189,9 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
                 self._iterator, self._iterator_epoch, self._position = iterator, self._epoch, 0
             elif self._iterator_epoch != self._epoch:
                 self._persists = True
+            if self._epoch_save_pending:
+                self._epoch_save_pending = False
+                self.save()
             for _ in range(self._skip_extra):
                 next(iterator)
             self._position += self._skip_extra

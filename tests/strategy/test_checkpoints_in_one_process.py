@@ -236,3 +236,31 @@ def test_restore_needs_a_checkpoint_and_a_built_model(tmp_path):
     with pytest.raises(CheckpointMismatchError, match="written by a different optimizer"):
         hybridpar.checkpoint.restore(other_optimizer, tmp_path / "ckpt")
     hybridpar.checkpoint.restore(other_optimizer, tmp_path / "ckpt", optimizer=False)
+
+
+@pytest.mark.parametrize("every_steps, every_epochs, crash_at, saved", [
+    (4, None, 14, {"epoch": 2, "batch": 2, "iterator_position": 12}),
+    (None, 1, 7, {"epoch": 1, "batch": 0, "iterator_position": 5}),
+])
+def test_resume_inside_a_repeated_dataset_with_steps_per_epoch(
+    every_steps, every_epochs, crash_at, saved, tmp_path
+):
+    """The iterator spans epochs: the batches of earlier epochs are skipped too."""
+    def run(directory, crash_at=None):
+        keras.utils.set_random_seed(3)
+        checkpoint = {"every_steps": every_steps, "every_epochs": every_epochs}
+        with hybridpar.scope(config(directory, **checkpoint)) as hs:
+            model = build()
+            callbacks = hs.callbacks()
+        extra = [Crash(crash_at)] if crash_at else []
+        model.fit(dataset().repeat(), epochs=4, steps_per_epoch=5, shuffle=False, verbose=0,
+                  callbacks=callbacks + extra)
+        return model, callbacks[0]
+
+    reference, _ = run(tmp_path / "reference")
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "resumed", crash_at=crash_at)
+    resumed, callback = run(tmp_path / "resumed")
+    assert callback.restored.manifest["data"] == {**saved, "iterator_persists": True}
+    assert int(resumed.optimizer.iterations.numpy()) == 20
+    assert max_diff(resumed, reference) <= 1e-5
