@@ -70,8 +70,8 @@ class PreemptionWatcher:
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         if not self.signalled:
-            logger.warning("hybridpar: received SIGTERM; saving a checkpoint at the next step "
-                           "boundary, then exiting with %d.", PREEMPTED_EXIT_CODE)
+            logger.warning("hybridpar: received SIGTERM; saving a checkpoint at a step boundary "
+                           "all workers agree on, then exiting with %d.", PREEMPTED_EXIT_CODE)
         self.signalled = True
         self._tf_sigterm(signum, frame)
 
