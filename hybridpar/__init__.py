@@ -25,7 +25,7 @@ _LAZY = {
     "scope": "hybridpar.strategy",
     "stage": "hybridpar.staging",
 }
-_LAZY_MODULES = ("callbacks", "data", "pipeline", "testing")
+_LAZY_MODULES = ("callbacks", "checkpoint", "data", "pipeline", "testing")
 
 __all__ = [
     "ConfigError",
@@ -35,6 +35,7 @@ __all__ = [
     "__version__",
     "build",
     "callbacks",
+    "checkpoint",
     "current",
     "data",
     "pipeline",

@@ -1,21 +1,20 @@
-"""Keras callbacks hybridpar adds: checkpoints from config, throughput."""
+"""Keras callbacks hybridpar adds: checkpoints from config (resume, preemption), throughput."""
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any
 
 import keras
 
+from hybridpar import checkpoint
 from hybridpar.config import CheckpointConfig, StrategyConfig
 from hybridpar.errors import ConfigError
 
 logger = logging.getLogger("hybridpar")
-_CHECKPOINT_RE = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 
 
 def ensure_writable(directory: str | os.PathLike, key: str = "checkpoint.dir") -> Path:
@@ -40,51 +39,262 @@ def ensure_writable(directory: str | os.PathLike, key: str = "checkpoint.dir") -
 
 
 class PeriodicCheckpoint(keras.callbacks.Callback):
-    """Saves the model's weights every N steps and/or epochs, keeping the last K.
+    """Checkpoints from ``config.checkpoint``: periodic saves, step-exact resume, preemption.
 
-    Each file is written under a temporary name and renamed into place, so a
-    crash while writing never damages the previous checkpoint. Files are
-    named ``ckpt-<optimizer step>.weights.h5``.
+    - Saves model, optimizer and metric variables with the epoch, the batch
+      within it and the data position every ``every_steps`` optimizer steps
+      and/or ``every_epochs`` epochs, keeping the newest ``keep``
+      (``hybridpar.checkpoint`` describes the format). Every worker takes
+      part in a save; only the chief writes files.
+    - With ``resume`` (``checkpoint.backup_and_restore``), ``fit`` first
+      restores the newest undamaged checkpoint in ``dir`` and continues at
+      its optimizer step: it starts at the saved epoch and skips the batches
+      of that epoch that were already trained, by drawing them from the
+      iterator without training on them. This reproduces the uninterrupted
+      run when the data is deterministic: each epoch's iterator yields the
+      same batches in the same order whatever ran before in the process
+      (no shuffling, or ``shuffle(..., seed=..., reshuffle_each_iteration=False)``).
+    - With ``preemption``, SIGTERM during ``fit`` makes every worker save at
+      the same step boundary (the step after the next) and exit with
+      ``PREEMPTED_EXIT_CODE`` (42). The SIGTERM handler is installed when
+      ``fit`` starts and removed when it ends; if an exception escapes
+      ``fit``, it stays until the next ``fit`` ends.
+
+    The callback works with any ``model.fit`` loop that calls
+    ``model.train_function(iterator)`` once per ``steps_per_execution``
+    batches (Keras's TensorFlow trainer does); a trainer with its own loop
+    plugs in by doing the same.
+
+    Args:
+        config: the ``checkpoint`` section (``dir`` must be set).
+        hybrid: the ``HybridStrategy`` (default: ``hybridpar.current()``);
+            decides who writes and what the manifest records.
+        resume: restore the newest checkpoint when ``fit`` starts (default:
+            ``config.backup_and_restore``).
+        preemption: save and exit on SIGTERM.
+
+    Raises:
+        ConfigError: when ``dir`` is missing or not writable (on the chief).
     """
 
-    def __init__(self, config: CheckpointConfig) -> None:
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        hybrid: Any = None,
+        *,
+        resume: bool | None = None,
+        preemption: bool = True,
+    ) -> None:
         super().__init__()
+        from hybridpar.strategy import current
+
         if config.dir is None:
-            raise ConfigError("PeriodicCheckpoint needs checkpoint.dir. Received: None.")
-        self.directory = ensure_writable(config.dir)
+            raise ConfigError(
+                "PeriodicCheckpoint needs checkpoint.dir. Received: None. Set checkpoint.dir."
+            )
+        self.hybrid = hybrid if hybrid is not None else current()
+        self.config = config
+        self.directory = Path(config.dir)
+        self.writes = self.hybrid is None or self.hybrid.is_chief
+        if self.writes:
+            ensure_writable(self.directory)
+            checkpoint.remove_partials(self.directory)
         self.every_steps = config.every_steps
         self.every_epochs = config.every_epochs
         self.keep = config.keep
+        self.resume = config.backup_and_restore if resume is None else resume
+        self.preemption = preemption
+        self.restored: checkpoint.Found | None = None
+        self.saved: list[Path] = []
+        self._reset_position()
+
+    def _reset_position(self) -> None:
+        self._epoch = self._batch = 0
+        self._iterator: Any = None
+        self._iterator_epoch = 0
+        self._position = 0
+        self._persists = False
+        self._skip_calls = self._skip_extra = 0
+        self._last_saved = -1
+        self._original_train_function: Any = None
+        self._pending_metrics: dict[str, Any] | None = None
+        self._epoch_save_pending = False
+        self._watcher: Any = None
 
     def _step(self) -> int:
         return int(self.model.optimizer.iterations.numpy())
 
+    # ------------------------------------------------------------------ Keras hooks
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._reset_position()
+        self.restored = None
+        self._wrap_train_function()
+        if self.resume:
+            self._restore()
+        self._last_saved = self._step()
+        if self.preemption:
+            from hybridpar import preemption
+
+            self._watcher = preemption.watcher_for(self.model.distribute_strategy)
+            if self._watcher is not None:
+                self._watcher.activate(lambda: self.save(reason="preemption"))
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._epoch, self._batch = epoch, 0
+        if self._pending_metrics is not None:
+            if self._skip_calls or self._skip_extra:
+                checkpoint.assign_group(self.model, "metrics", self._pending_metrics)
+            self._pending_metrics = None
+
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.every_steps and self._step() % self.every_steps == 0:
+        self._batch = batch + 1
+        step = self._step()
+        if self.every_steps and step % self.every_steps == 0 and step != self._last_saved:
             self.save()
+        if self._watcher is not None:
+            self._watcher.step_done()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._epoch, self._batch = epoch + 1, 0
         if self.every_epochs and (epoch + 1) % self.every_epochs == 0:
-            self.save()
+            # Written before the next epoch's first step, once it is known whether that
+            # epoch draws from a fresh iterator; the state is the same as now.
+            self._epoch_save_pending = True
 
-    def save(self) -> Path:
-        """Writes a checkpoint for the current optimizer step and prunes old ones."""
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self._epoch_save_pending:
+            self._epoch_save_pending = False
+            self.save()
+        if self._original_train_function is not None:
+            self.model.train_function = self._original_train_function
+        if self.restored is not None:
+            self.model._initial_epoch = None  # set by _restore, as Keras's BackupAndRestore does
+        self._iterator = None
+        if self._watcher is not None:
+            self._watcher.deactivate()
+            self._watcher = None
+
+    # ------------------------------------------------------------------ data position
+
+    def _wrap_train_function(self) -> None:
+        """Counts the batches drawn from each iterator, and skips those already trained."""
+        original = self._original_train_function = self.model.train_function
+        per_call = int(getattr(self.model, "steps_per_execution", 1) or 1)
+
+        def train_function(iterator):
+            if iterator is not self._iterator:
+                if self._iterator is not None:
+                    self._persists = False
+                self._iterator, self._iterator_epoch, self._position = iterator, self._epoch, 0
+            elif self._iterator_epoch != self._epoch:
+                self._persists = True
+            if self._epoch_save_pending:
+                self._epoch_save_pending = False
+                self.save()
+            for _ in range(self._skip_extra):
+                next(iterator)
+            self._position += self._skip_extra
+            self._skip_extra = 0
+            if self._skip_calls:
+                self._skip_calls -= 1
+                for _ in range(per_call):
+                    next(iterator)
+                self._position += per_call
+                return {}
+            result = original(iterator)
+            self._position += per_call
+            return result
+
+        self.model.train_function = train_function
+
+    def _restore(self) -> None:
+        found = checkpoint.latest(self.directory)
+        if found is None:
+            logger.info("hybridpar: no checkpoint in %s yet; training from the start.",
+                        self.directory)
+            return
+        checkpoint.ensure_built(self.model)
+        arrays = checkpoint.read_arrays(found.path)
+        if checkpoint.apply(self.model, found.path, found.manifest, arrays, metrics=False):
+            self._pending_metrics = arrays  # Keras resets metrics when the epoch begins
+        epoch, skip, extra = checkpoint.resume_plan(found.manifest, self.params.get("steps"))
+        self.model._initial_epoch = epoch
+        self._epoch = epoch
+        self._skip_calls = skip // int(getattr(self.model, "steps_per_execution", 1) or 1)
+        self._skip_extra = extra
+        self._persists = bool(found.manifest["data"]["iterator_persists"])
+        self.restored = found
+        logger.info(
+            "hybridpar: resumed from %s at optimizer step %d (epoch %d, skipping its first %d "
+            "batch(es) already trained); %s",
+            found.path, found.step, epoch + 1, skip, self._topology_note(found.manifest),
+        )
+
+    def _topology_note(self, manifest: dict[str, Any]) -> str:
+        written = checkpoint.describe_topology(manifest.get("topology", {}))
+        now = checkpoint.describe_topology(self._topology())
+        batch = manifest.get("topology", {}).get("global_batch_size")
+        current_batch = self._topology().get("global_batch_size")
+        if batch is not None and current_batch is not None and batch != current_batch:
+            batch_note = (f"the global batch changed from {batch} to {current_batch}: the data "
+                          f"position counts batches of the new size")
+        elif current_batch is not None:
+            batch_note = f"the global batch stays {current_batch} examples per step"
+        else:
+            batch_note = "the global batch stays what the dataset yields per step"
+        return f"written by {written}, resumed on {now}; {batch_note}."
+
+    # ------------------------------------------------------------------ saving
+
+    def _topology(self) -> dict[str, Any]:
+        hybrid = self.hybrid
+        if hybrid is None:
+            strategy = self.model.distribute_strategy
+            return {"mode": type(strategy).__name__, "num_workers": 1,
+                    "num_replicas": strategy.num_replicas_in_sync, "devices": [],
+                    "global_batch_size": None}
+        cluster = hybrid.cluster
+        return {
+            "mode": hybrid.mode,
+            "num_workers": cluster.num_workers if cluster is not None else 1,
+            "num_replicas": hybrid.num_replicas,
+            "devices": list(hybrid.devices),
+            "global_batch_size": hybrid.config.data.global_batch_size,
+        }
+
+    def save(self, reason: str = "periodic") -> Path | None:
+        """Saves a checkpoint of the current step (on every worker; the chief writes).
+
+        Returns:
+            The checkpoint directory on the chief, ``None`` on other workers.
+        """
         step = self._step()
-        final = self.directory / f"ckpt-{step:08d}.weights.h5"
-        partial = self.directory / f".partial-{os.getpid()}-{step:08d}.weights.h5"
-        try:
-            self.model.save_weights(partial)
-            os.replace(partial, final)
-        finally:
-            partial.unlink(missing_ok=True)
-        for stale in self.checkpoints()[: -self.keep]:
-            stale.unlink()
-        return final
+        if step == self._last_saved:
+            return None
+        data = {
+            "epoch": self._epoch,
+            "batch": self._batch,
+            "iterator_position": self._position if self._epoch == self._iterator_epoch
+            or self._persists else 0,
+            "iterator_persists": self._persists,
+        }
+        extra = {
+            "reason": reason,
+            "config": self.hybrid.config.to_dict() if self.hybrid is not None else None,
+            "topology": self._topology(),
+        }
+        path = checkpoint.save_position(self.model, self.directory, data, extra=extra,
+                                        write_files=self.writes)
+        self._last_saved = step
+        if path is not None:
+            self.saved.append(path)
+            checkpoint.prune(self.directory, self.keep)
+        return path
 
     def checkpoints(self) -> list[Path]:
         """Complete checkpoints in this directory, oldest first."""
-        found = [p for p in self.directory.iterdir() if _CHECKPOINT_RE.match(p.name)]
-        return sorted(found, key=lambda p: int(_CHECKPOINT_RE.match(p.name)[1]))
+        return checkpoint.list_checkpoints(self.directory)
 
 
 class Throughput(keras.callbacks.Callback):
@@ -122,13 +332,11 @@ class Throughput(keras.callbacks.Callback):
 def defaults(config: StrategyConfig, hybrid: Any = None) -> list[keras.callbacks.Callback]:
     """The callbacks ``config.checkpoint`` asks for.
 
-    With ``checkpoint.dir`` set: periodic weight checkpoints under
-    ``<dir>/weights`` and, if ``backup_and_restore``, Keras's
-    ``BackupAndRestore`` under ``<dir>/backup`` so a relaunched run resumes.
-    Under a multi-worker ``hybrid`` strategy only the chief writes to ``dir``
-    (the others to private temporary dirs), and backup/restore is left out:
-    Keras's restores each worker from its own dir, which would let workers
-    diverge after a restart.
+    With ``checkpoint.dir`` set: one ``PeriodicCheckpoint`` writing to
+    ``dir`` (from the chief only), resuming from it when
+    ``backup_and_restore`` is true, and saving on SIGTERM. Keras's own
+    ``BackupAndRestore`` is not used: it restores the epoch only and writes
+    from every worker.
 
     Args:
         config: the config.
@@ -137,32 +345,6 @@ def defaults(config: StrategyConfig, hybrid: Any = None) -> list[keras.callbacks
     Raises:
         ConfigError: if ``checkpoint.dir`` cannot be written (before training).
     """
-    from hybridpar.strategy import current
-
-    hybrid = hybrid if hybrid is not None else current()
-    checkpoint = config.checkpoint
-    if checkpoint.dir is None:
+    if config.checkpoint.dir is None:
         return []
-    directory = hybrid.output_dir(checkpoint.dir) if hybrid is not None else checkpoint.dir
-    root = ensure_writable(directory)
-    weights = CheckpointConfig(
-        dir=str(root / "weights"),
-        every_steps=checkpoint.every_steps,
-        every_epochs=checkpoint.every_epochs,
-        keep=checkpoint.keep,
-    )
-    result: list[keras.callbacks.Callback] = [PeriodicCheckpoint(weights)]
-    multi_worker = hybrid is not None and hybrid.mode == "multi_worker"
-    if checkpoint.backup_and_restore and multi_worker:
-        logger.warning(
-            "hybridpar: checkpoint.backup_and_restore is not applied under multi_worker yet "
-            "(Keras restores each worker from its own directory); periodic checkpoints are."
-        )
-    elif checkpoint.backup_and_restore:
-        result.append(
-            keras.callbacks.BackupAndRestore(
-                backup_dir=str(root / "backup"),
-                save_freq=checkpoint.every_steps or "epoch",
-            )
-        )
-    return result
+    return [PeriodicCheckpoint(config.checkpoint, hybrid)]

@@ -11,3 +11,11 @@ class ConfigError(ValueError):
 
 class RuntimeMismatchError(ConfigError):
     """The configuration does not fit the devices or cluster that exist."""
+
+
+class CheckpointDamagedError(RuntimeError):
+    """A checkpoint on disk is incomplete, truncated or does not match its checksum."""
+
+
+class CheckpointMismatchError(ConfigError):
+    """A checkpoint was written by a different model or optimizer than it is restored into."""

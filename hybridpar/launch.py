@@ -16,9 +16,10 @@ prints the ``TF_CONFIG`` JSON to set on each machine of a real cluster.
 
 Exit codes of ``launch``: 0 when every task (in parameter-server mode: the chief)
 exited 0; else the code of the first task that failed (128+signum for a task killed
-by a signal); 124 on ``--timeout``; 128+signum when the launcher itself got
-SIGINT (130), SIGTERM (143) or SIGHUP (129); 127/126 when CMD cannot be started;
-2 for bad command-line input. No TensorFlow here: this module is plain Python.
+by a signal, 42 for a task preempted by SIGTERM after saving a checkpoint); 124 on
+``--timeout``; 128+signum when the launcher itself got SIGINT (130), SIGTERM (143) or
+SIGHUP (129); 127/126 when CMD cannot be started; 2 for bad command-line input. No
+TensorFlow here: this module is plain Python.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from hybridpar.config import did_you_mean
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_GRACE = 5.0
 TIMEOUT_EXIT_CODE = 124
+PREEMPTED_EXIT_CODE = 42  # a task saved a checkpoint on SIGTERM (hybridpar.preemption)
 USAGE_EXIT_CODE = 2
 TASK_TYPES = ("chief", "worker", "ps")
 _POLL_SECONDS = 0.05
@@ -204,7 +206,12 @@ def exit_status(returncode: int) -> int:
 
 
 def describe_status(status: int) -> str:
-    """``"137 (killed by SIGKILL)"`` for statuses above 128 that name a signal, else ``"3"``."""
+    """``"137 (killed by SIGKILL)"`` for statuses above 128 that name a signal, else ``"3"``.
+
+    ``PREEMPTED_EXIT_CODE`` reads ``"42 (preempted, saved a checkpoint)"``.
+    """
+    if status == PREEMPTED_EXIT_CODE:
+        return f"{status} (preempted, saved a checkpoint)"
     if status > 128:
         try:
             return f"{status} (killed by {signal.Signals(status - 128).name})"
@@ -286,8 +293,9 @@ def task_restart_line(task: Task, status: int, restart: int, max_restarts: int) 
 
 def restart_line(task: Task, status: int, restart: int, max_restarts: int) -> str:
     """``task worker:1 exited with 137; restarting the cluster (restart 1 of 2)``."""
+    shown = describe_status(status) if status == PREEMPTED_EXIT_CODE else str(status)
     return (
-        f"task {task} exited with {status}; restarting the cluster "
+        f"task {task} exited with {shown}; restarting the cluster "
         f"(restart {restart} of {max_restarts})"
     )
 

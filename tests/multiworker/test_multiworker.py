@@ -102,8 +102,7 @@ def test_multi_worker_preset_through_launch(tmp_path, digits_data_dir):
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["mode"] == "multi_worker" and summary["num_replicas"] == 2
     assert (model_dir / "model.keras").exists()
-    assert sorted(p.name for p in (checkpoints / "weights").iterdir()) == [
-        "ckpt-00000024.weights.h5", "ckpt-00000048.weights.h5"]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["ckpt-00000024", "ckpt-00000048"]
     private = [line for line in result.stdout.splitlines()
                if line.startswith("[worker:1]") and "saved model" in line]
     assert private and str(model_dir) not in private[0]

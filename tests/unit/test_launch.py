@@ -160,6 +160,7 @@ def test_exit_status_and_what_ends_the_cluster():
     assert launch.exit_status(-signal.SIGKILL) == 137
     assert launch.describe_status(137) == "137 (killed by SIGKILL)"
     assert launch.describe_status(3) == "3"
+    assert launch.describe_status(42) == "42 (preempted, saved a checkpoint)"
     assert launch.ends_cluster(Task("worker", 1), 3, ps_mode=False)
     assert not launch.ends_cluster(Task("worker", 0), 0, ps_mode=False)
     assert launch.ends_cluster(Task("chief", 0), 0, ps_mode=True)
@@ -170,6 +171,9 @@ def test_exit_status_and_what_ends_the_cluster():
 def test_summary_and_restart_lines():
     assert launch.restart_line(Task("worker", 1), 137, 1, 2) == (
         "task worker:1 exited with 137; restarting the cluster (restart 1 of 2)")
+    assert launch.restart_line(Task("worker", 0), 42, 1, 1) == (
+        "task worker:0 exited with 42 (preempted, saved a checkpoint); restarting the cluster "
+        "(restart 1 of 1)")
     failed = Outcome("failed", 137, Task("worker", 1))
     assert launch.summary_line(failed, 2, False, None) == (
         "task worker:1 exited with 137 (killed by SIGKILL); stopped the other tasks; exit code 137")

@@ -1,0 +1,93 @@
+"""A plain Keras `model.fit` script with hybridpar checkpoints, run by the checkpoint tests.
+
+With --die_at STEP, task --die_task (on the first run only, HYBRIDPAR_RESTART=0) sends
+itself --die_signal (KILL or TERM) right after that optimizer step. The script writes
+its final weights, optimizer step and the checkpoint it resumed from to
+`<out>/<task>-run<restart>.json`.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import hybridpar  # joins the TF_CONFIG cluster before the first TensorFlow op below
+
+GLOBAL_BATCH = 32
+
+
+def dataset() -> tf.data.Dataset:
+    """480 examples, 15 global batches per epoch, the same order in every epoch."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(480, 12)).astype("float32")
+    y = (x[:, :3].sum(axis=1) > 0).astype("int32")
+    data = tf.data.Dataset.from_tensor_slices((x, y))
+    return data.shuffle(480, seed=3, reshuffle_each_iteration=False).batch(GLOBAL_BATCH)
+
+
+class Die(keras.callbacks.Callback):
+    def __init__(self, step: int, signum: int) -> None:
+        super().__init__()
+        self.step, self.signum = step, signum
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == self.step:
+            print(f"sending signal {self.signum} to myself after step {self.step}", flush=True)
+            os.kill(os.getpid(), self.signum)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--ckpt", required=True)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--every_steps", type=int, default=10)
+    parser.add_argument("--die_at", type=int, default=0)
+    parser.add_argument("--die_task", default="worker:1")
+    parser.add_argument("--die_signal", default="KILL", choices=["KILL", "TERM"])
+    args = parser.parse_args()
+    task = os.environ.get("HYBRIDPAR_TASK", "single")
+    restart = int(os.environ.get("HYBRIDPAR_RESTART", "0"))
+
+    data = dataset()
+    keras.utils.set_random_seed(11)
+    config = {
+        "data": {"global_batch_size": GLOBAL_BATCH, "shard_policy": "data"},
+        "checkpoint": {"dir": args.ckpt, "every_steps": args.every_steps, "every_epochs": 1,
+                       "keep": 3},
+        "communication": {"timeout_seconds": 60},
+    }
+    with hybridpar.scope(config) as hs:
+        model = keras.Sequential([
+            keras.Input((12,)),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(2),
+        ])
+        model.compile(optimizer=keras.optimizers.Adam(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+        callbacks = hs.callbacks()
+    if args.die_at and task in (args.die_task, "single") and restart == 0:
+        callbacks.append(Die(args.die_at, getattr(signal, f"SIG{args.die_signal}")))
+    history = model.fit(data, epochs=args.epochs, verbose=2, shuffle=False, callbacks=callbacks)
+    restored = callbacks[0].restored
+    result = {
+        "task": task, "restart": restart, "mode": hs.mode, "num_replicas": hs.num_replicas,
+        "topology": restored.manifest["topology"] if restored else None,
+        "steps": int(model.optimizer.iterations.numpy()),
+        "restored_step": restored.step if restored else None,
+        "history": history.history,
+        "weights": [w.tolist() for w in model.get_weights()],
+    }
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{task.replace(':', '-')}-run{restart}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

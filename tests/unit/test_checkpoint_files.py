@@ -1,0 +1,107 @@
+"""hybridpar.checkpoint's file format and rules, on plain numpy arrays (no TensorFlow)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from hybridpar import checkpoint
+from hybridpar.errors import CheckpointDamagedError
+
+
+def write(directory, step, **data):
+    position = {"epoch": 0, "batch": 0, "iterator_position": 0, "iterator_persists": False}
+    manifest = {"step": step, "data": {**position, **data}, "variables": {}}
+    return checkpoint.write(directory, {"model/00000": np.arange(4.0) + step}, manifest)
+
+
+def test_write_is_a_complete_directory_named_by_step(tmp_path):
+    path = write(tmp_path, 7)
+    assert path.name == "ckpt-00000007" and checkpoint.step_of(path) == 7
+    manifest = checkpoint.verify(path)
+    assert manifest["format"] == checkpoint.FORMAT
+    assert manifest["files"]["state.npz"]["bytes"] == (path / "state.npz").stat().st_size
+    np.testing.assert_array_equal(checkpoint.read_arrays(path)["model/00000"], np.arange(4.0) + 7)
+    assert not list(tmp_path.glob(".partial-*"))
+    assert write(tmp_path, 7) == path  # an existing step is kept as it is
+
+
+def test_listing_prune_and_partials(tmp_path):
+    for step in (3, 12, 100):
+        write(tmp_path, step)
+    (tmp_path / ".partial-ckpt-00000200-1").mkdir()
+    (tmp_path / "notes.txt").write_text("")
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
+        "ckpt-00000003", "ckpt-00000012", "ckpt-00000100"]
+    assert [p.name for p in checkpoint.prune(tmp_path, keep=2)] == ["ckpt-00000003"]
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
+        "ckpt-00000012", "ckpt-00000100"]
+    checkpoint.remove_partials(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt-00000012", "ckpt-00000100", "notes.txt"]
+    assert checkpoint.list_checkpoints(tmp_path / "missing") == []
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda p: (p / "manifest.json").unlink(), "has no manifest.json"),
+    (lambda p: (p / "manifest.json").write_text("{"), "manifest.json is unreadable"),
+    (lambda p: (p / "manifest.json").write_text('{"format": "x"}'), "is not a hybridpar"),
+    (lambda p: (p / "state.npz").unlink(), "state.npz is missing"),
+    (lambda p: (p / "state.npz").write_bytes(b"x"), r"has 1 bytes, the manifest says \d+"),
+])
+def test_damage_is_named_and_latest_falls_back(tmp_path, damage, message):
+    write(tmp_path, 1)
+    damage(write(tmp_path, 2))
+    with pytest.raises(CheckpointDamagedError, match=message):
+        checkpoint.verify(tmp_path / "ckpt-00000002")
+    found = checkpoint.latest(tmp_path)
+    assert found.step == 1 and found.skipped[0][0].name == "ckpt-00000002"
+
+
+def test_latest_of_nothing_is_none_and_of_only_damage_an_error(tmp_path):
+    assert checkpoint.latest(tmp_path) is None
+    (write(tmp_path, 5) / "state.npz").write_bytes(b"")
+    with pytest.raises(CheckpointDamagedError, match="every checkpoint in .* is damaged"):
+        checkpoint.latest(tmp_path)
+
+
+def test_mismatches_are_matched_by_position_and_name_both_sides():
+    spec = checkpoint.variable_spec
+    saved = [spec("m/dense/kernel", (8, 16), "float32"), spec("m/dense/bias", (16,), "float32")]
+    same_shapes = [spec("m_1/dense_1/kernel", (8, 16), "float32"),
+                   spec("m_1/dense_1/bias", (16,), "float32")]
+    assert checkpoint.mismatches(saved, same_shapes) == []
+    other = [spec("m/dense/kernel", (8, 32), "float32")]
+    assert checkpoint.mismatches(saved, other) == [
+        "m/dense/kernel (8, 32) float32 in this model, m/dense/kernel (8, 16) float32 in the "
+        "checkpoint",
+        "m/dense/bias (16,) float32: in the checkpoint, not in this model",
+    ]
+    assert checkpoint.mismatches([], other) == ["m/dense/kernel (8, 32) float32: not in the "
+                                                "checkpoint"]
+    message = checkpoint.mismatch_message(checkpoint.Path("c"), "model", ["a"] * 10)
+    assert "10 variable(s) do not match" in message and "... and 2 more" in message
+
+
+@pytest.mark.parametrize("data, steps, expected", [
+    ({"epoch": 2, "batch": 5, "iterator_position": 5, "iterator_persists": False}, 13, (2, 5, 0)),
+    ({"epoch": 2, "batch": 13, "iterator_position": 13, "iterator_persists": False}, 13,
+     (3, 0, 0)),
+    ({"epoch": 3, "batch": 0, "iterator_position": 0, "iterator_persists": False}, None,
+     (3, 0, 0)),
+    ({"epoch": 2, "batch": 4, "iterator_position": 24, "iterator_persists": True}, 10,
+     (2, 4, 20)),
+])
+def test_resume_plan(data, steps, expected):
+    assert checkpoint.resume_plan({"data": data}, steps) == expected
+
+
+def test_describe_topology():
+    assert checkpoint.describe_topology(
+        {"mode": "multi_worker", "num_workers": 2, "num_replicas": 4}
+    ) == "multi_worker, 2 worker(s) x 2 replica(s)"
+
+
+def test_manifest_is_plain_json(tmp_path):
+    path = write(tmp_path, 1, epoch=3)
+    assert json.loads((path / "manifest.json").read_text())["data"]["epoch"] == 3
