@@ -65,6 +65,12 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
     batches (Keras's TensorFlow trainer does); a trainer with its own loop
     plugs in by doing the same.
 
+    In parameter-server mode steps run asynchronously on the workers, so a
+    step count does not name one consistent state: checkpoints are written at
+    the end of each ``every_epochs``-th epoch (after the coordinator joined
+    every step), ``every_steps`` is not applied, and a relaunch resumes at the
+    next epoch.
+
     Args:
         config: the ``checkpoint`` section (``dir`` must be set).
         hybrid: the ``HybridStrategy`` (default: ``hybridpar.current()``);
@@ -104,6 +110,13 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self.keep = config.keep
         self.resume = config.backup_and_restore if resume is None else resume
         self.preemption = preemption
+        self.asynchronous = self.hybrid is not None and self.hybrid.mode == "parameter_server"
+        if self.asynchronous and self.every_steps:
+            logger.warning(
+                "hybridpar: checkpoint.every_steps=%d is not applied in parameter-server mode "
+                "(steps run asynchronously); checkpoints are written at epoch ends.",
+                self.every_steps,
+            )
         self.restored: checkpoint.Found | None = None
         self.saved: list[Path] = []
         self._reset_position()
@@ -129,7 +142,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._reset_position()
         self.restored = None
-        self._wrap_train_function()
+        if not self.asynchronous:
+            self._wrap_train_function()
         if self.resume:
             self._restore()
         self._last_saved = self._step()
@@ -149,6 +163,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._batch = batch + 1
+        if self.asynchronous:
+            return
         step = self._step()
         if self.every_steps and step % self.every_steps == 0 and step != self._last_saved:
             self.save()
@@ -157,7 +173,9 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch, self._batch = epoch + 1, 0
-        if self.every_epochs and (epoch + 1) % self.every_epochs == 0:
+        if self.every_epochs and (epoch + 1) % self.every_epochs == 0 and self.asynchronous:
+            self.save()
+        elif self.every_epochs and (epoch + 1) % self.every_epochs == 0:
             # Written before the next epoch's first step, once it is known whether that
             # epoch draws from a fresh iterator; the state is the same as now.
             self._epoch_save_pending = True
