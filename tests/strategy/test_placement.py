@@ -270,3 +270,30 @@ def test_stage_past_the_configured_stages_fails_when_built():
             layer = keras.layers.Dense(2, name="far")
         with pytest.raises(ConfigError, match=r"'far' is placed on stage 2 by hybridpar.stage"):
             layer.build((None, 3))
+
+
+def test_hybrid_checkpoint_restores_into_one_device_and_back(hybrid_2x2, tmp_path):
+    model, _ = hybrid_2x2
+    hybridpar.checkpoint.save(model, tmp_path / "ckpt")
+    expected = weights_of(model) + [np.asarray(v) for v in model.optimizer.variables]
+
+    def fresh(config: dict) -> keras.Model:
+        with hybridpar.scope(config):
+            again = hybridpar_models.get("digits_transformer")(blocks=2, dim=16)
+            again.compile(optimizer=keras.optimizers.Adam(1e-3),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        hybridpar.checkpoint.restore(again, tmp_path / "ckpt")
+        return again
+
+    single = fresh({"data_parallel": {"mode": "none"}})
+    hybrid = fresh({"data_parallel": {"mode": "mirrored"},
+                    "model_parallel": {"stages": 2, "placement": TRANSFORMER_RULES}})
+    for restored in (single, hybrid):
+        got = weights_of(restored) + [np.asarray(v) for v in restored.optimizer.variables]
+        assert max_difference(expected, got) == 0.0
+    assert [local(p.device) for p in parts(hybrid.get_layer("head").kernel)] == [
+        "/device:CPU:1", "/device:CPU:3"]
+
+
+def weights_of(model: keras.Model) -> list[np.ndarray]:
+    return [np.asarray(w) for w in model.get_weights()]
