@@ -15,7 +15,10 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 
 PHASES = ("forward", "backward")
-_STAGED_OP = re.compile(r"(?:^|/)microbatch(\d+)/(?:.*/)?hybridpar_stage(\d+)/")
+# TensorFlow makes re-entered name scopes unique with a suffix (hybridpar_stage0_1).
+_STAGED_OP = re.compile(
+    r"(?:^|/)(?:microbatch(\d+)(?:_\d+)?/(?:.*/)?)?hybridpar_stage(\d+)(?:_\d+)?/"
+)
 # Ops that move or read state rather than compute: they run whenever their
 # (non-data) inputs are ready, e.g. a stage's weight reads at the start of a
 # step, and would stretch the stage's interval over time it does not work.
@@ -50,7 +53,8 @@ class Interval:
 
 
 def classify_op(name: str, op_type: str = "") -> tuple[int, int, str] | None:
-    """(microbatch, stage, phase) of a replica-0 op from its node name, if staged.
+    """(microbatch, stage, phase) of a replica-0 op from its node name, if staged
+    (an op outside any ``microbatch<i>`` scope is microbatch 0 of an unsplit step).
 
     Ops of other replicas (``replica_<r>/`` scopes), ops outside a stage
     (input handling, the loss) and bookkeeping ops give ``None``.
@@ -61,7 +65,7 @@ def classify_op(name: str, op_type: str = "") -> tuple[int, int, str] | None:
     if match is None:
         return None
     phase = "backward" if "gradient_tape/" in name else "forward"
-    return int(match[1]), int(match[2]), phase
+    return int(match[1] or 0), int(match[2]), phase  # no microbatch scope: M = 1
 
 
 def intervals_from_ops(
