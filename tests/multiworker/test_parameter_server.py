@@ -139,7 +139,8 @@ def test_a_restarted_worker_rejoins(tmp_path):
 
 
 def test_a_lost_ps_is_named_and_a_relaunch_resumes_from_the_checkpoint(tmp_path):
-    args = ("--epochs", "3", "--steps", "40", "--kill", "ps:1", "--kill_at", "50",
+    args = ("--epochs", "3", "--steps", "40", "--kill", "ps:1", "--kill_at", "40",
+            "--kill_at_epoch_start",
             "--checkpoint_dir", str(tmp_path / "checkpoints"))
     result = launch(2, 2, *train_ps(tmp_path, *args), max_restarts=1)
     assert result.returncode == 0, result.stderr[-4000:]

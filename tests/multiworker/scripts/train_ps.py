@@ -30,6 +30,8 @@ parser.add_argument("--input", choices=["dataset", "fn", "generator", "arrays"],
 parser.add_argument("--shards", type=int, default=2)
 parser.add_argument("--kill", default=None, help="task to SIGKILL in the first run, e.g. ps:1")
 parser.add_argument("--kill_at", type=int, default=30, help="global step at which to kill")
+parser.add_argument("--kill_at_epoch_start", action="store_true",
+                    help="kill when the epoch that starts at --kill_at begins")
 parser.add_argument("--await_restart", action="store_true",
                     help="after the kill, wait at the next epoch until the task runs again")
 parser.add_argument("--checkpoint_dir", default=None)
@@ -97,6 +99,8 @@ class Kill(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
+        if args.kill_at_epoch_start and RESTART == 0 and epoch * args.steps == args.kill_at:
+            self.kill()  # before any step of the epoch is scheduled: every one must fail
         pid_file = args.out / f"pid-{args.kill}"
         if self.killed_pid and args.await_restart:
             while int(pid_file.read_text()) == self.killed_pid:
@@ -106,11 +110,15 @@ class Kill(keras.callbacks.Callback):
         self.counts_by_epoch.append(counts.numpy()[0].tolist())
 
     def on_train_batch_end(self, batch, logs=None):
-        if args.kill and RESTART == 0 and self.epoch * args.steps + batch == args.kill_at:
-            pid = int((args.out / f"pid-{args.kill}").read_text())
-            print(f"killing {args.kill} (pid {pid}) at step {args.kill_at}", flush=True)
-            os.kill(pid, signal.SIGKILL)
-            self.killed_pid = pid
+        if (args.kill and RESTART == 0 and not args.kill_at_epoch_start
+                and self.epoch * args.steps + batch == args.kill_at):
+            self.kill()
+
+    def kill(self):
+        pid = int((args.out / f"pid-{args.kill}").read_text())
+        print(f"killing {args.kill} (pid {pid}) at step {args.kill_at}", flush=True)
+        os.kill(pid, signal.SIGKILL)
+        self.killed_pid = pid
 
 
 x = {
