@@ -81,6 +81,7 @@ def build(microbatches: int, args: argparse.Namespace) -> Any:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     import hybridpar
+    from hybridpar.schedule import bubble_fraction
 
     hybridpar.testing.use_logical_cpus(STAGES, intra_op_threads=1)
     import keras
@@ -118,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     step_seconds = {m: statistics.median(v) for m, v in medians.items()}
     for microbatches, (measured, bound, ratio) in speedups(step_seconds).items():
         print(f"M={microbatches}: step {step_seconds[microbatches] * 1e3:.2f} ms, "
-              f"speedup {measured:.3f}, GPipe bound {bound:.3f}, measured/bound {ratio:.3f}")
+              f"speedup {measured:.3f}, GPipe bound {bound:.3f} (idle share "
+              f"{bubble_fraction(microbatches, STAGES):.2f}), measured/bound {ratio:.3f}")
     print(f"efficiency={speedups(step_seconds)[4][2]:.3f}", flush=True)
 
 

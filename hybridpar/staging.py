@@ -3,8 +3,9 @@
 With R replicas x S stages (``hybridpar.mesh.DeviceMesh``) the strategy's
 replicas run on the stage-0 devices. A stage-``k`` layer's variables are
 created mirrored over the stage-``k`` devices of every replica (one device
-under ``mode: none``), so its gradients are all-reduced within that group and
-its optimizer slots, which Keras colocates with the variable, follow. Its
+under ``mode: none``; ``keras_compat.place_variables_by_stage``), so its
+gradients are all-reduced within that group and its optimizer slots, which
+Keras colocates with the variable, follow. Its
 forward ops run under ``tf.device`` of stage ``k`` of the running replica, and
 inside a ``hybridpar_stage<k>`` name scope, by which hybridpar's gradient hook
 (``keras_compat``) puts the backward ops on the same device.
@@ -21,7 +22,6 @@ from typing import Any
 import keras
 import tensorflow as tf
 from keras.src.backend.common import global_state
-from tensorflow.python.distribute import numpy_dataset
 
 from hybridpar import placement
 from hybridpar.mesh import DeviceMesh
@@ -58,13 +58,6 @@ def stage(index: int) -> Iterator[int]:
     keras_compat.install()
     with placement.stage(index):
         yield index
-
-
-class _Devices:
-    """A ``colocate_with`` target that MirroredStrategy mirrors a variable over."""
-
-    def __init__(self, devices: Sequence[str]) -> None:
-        self._devices = tuple(devices)
 
 
 class StagePlacer:
@@ -105,29 +98,12 @@ class StagePlacer:
             return None
         return self.mesh.device(int(replica) % self.mesh.replicas, stage)
 
-    def colocation(self, stage: int) -> Any:
-        """The ``colocate_with`` value that creates a variable on ``stage``'s devices."""
-        devices = self.mesh.stage_devices(stage)
-        return _Devices(devices) if self.mirrored else numpy_dataset.SingleDevice(devices[0])
-
-
 _placers: weakref.WeakKeyDictionary[Any, StagePlacer] = weakref.WeakKeyDictionary()
 
 
-def install(strategy: tf.distribute.Strategy, placer: StagePlacer) -> None:
-    """Makes variables that ``strategy`` creates follow ``placer``'s stages."""
-    extended = strategy.extended
-    create_variable = extended._create_variable
-
-    def create_placed_variable(next_creator: Any, **kwargs: Any) -> Any:
-        if kwargs.get("colocate_with") is None:
-            stage = placer.stage_of(layer_path())
-            if stage:
-                kwargs["colocate_with"] = placer.colocation(stage)
-        return create_variable(next_creator, **kwargs)
-
-    extended._create_variable = create_placed_variable
-    _placers[extended] = placer
+def register(strategy: tf.distribute.Strategy, placer: StagePlacer) -> None:
+    """Records ``placer`` as the stage placement of ``strategy`` (see ``placer_for``)."""
+    _placers[strategy.extended] = placer
 
 
 def placer_for(strategy: tf.distribute.Strategy | None = None) -> StagePlacer | None:

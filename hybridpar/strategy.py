@@ -245,7 +245,7 @@ def build(config: StrategyConfig | None = None) -> HybridStrategy:
     strategy = builder(plan, config, cluster)
     keras_compat.register_global_batch_size(strategy, config.data.global_batch_size)
     rules = PlacementRules(config.model_parallel.placement, plan.mesh.stages)
-    staging.install(
+    keras_compat.place_variables_by_stage(
         strategy,
         staging.StagePlacer(
             plan.mesh, rules, plan.mode != "none", config.model_parallel.microbatches

@@ -5,16 +5,14 @@ Upstream behaviour is reproduced in a fresh process without hybridpar
 changed and the fix should be revisited.
 """
 
-import json
 import pathlib
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 import upstream_keras  # beside this file; pytest puts its folder on sys.path
+from upstream_runner import run_case  # beside this file
 
 import hybridpar
 from hybridpar import keras_compat
@@ -25,11 +23,7 @@ UPSTREAM = pathlib.Path(__file__).with_name("upstream_keras.py")
 
 
 def run_upstream(case: str) -> dict:
-    completed = subprocess.run(
-        [sys.executable, str(UPSTREAM), case], capture_output=True, text=True, timeout=300
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    return run_case(UPSTREAM, case)
 
 
 @pytest.mark.slow
@@ -137,6 +131,13 @@ def test_upstream_device_scope_around_construction_is_ignored():
     assert result["built_in_scope"].endswith("CPU:1")
     # What hybridpar relies on: Keras colocates optimizer slots with their variable.
     assert [d[-5:] for d in result["adam_slots"]] == ["CPU:1"]
+
+
+def test_upstream_mirrored_weights_ignore_device_scopes_but_follow_colocate_with():
+    result = run_upstream("mirrored_variable_devices")
+    assert result["device_scope"] == ["CPU:0", "CPU:2"], "upstream now honours tf.device"
+    # What place_variables_by_stage relies on.
+    assert result["colocated"] == ["CPU:1", "CPU:3"]
 
 
 def test_upstream_tape_gradient_ignores_the_forward_device():

@@ -6,16 +6,14 @@ Upstream is reproduced in a fresh process without hybridpar
 tests/multiworker/test_parameter_server.py.
 """
 
-import json
 import pathlib
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 import upstream_ps  # beside this file; pytest puts its folder on sys.path
+from upstream_runner import run_case  # beside this file
 
 from hybridpar import keras_compat
 
@@ -25,11 +23,7 @@ UPSTREAM = pathlib.Path(__file__).with_name("upstream_ps.py")
 
 
 def run_upstream(case: str) -> dict:
-    completed = subprocess.run(
-        [sys.executable, str(UPSTREAM), case], capture_output=True, text=True, timeout=300
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    return run_case(UPSTREAM, case)
 
 
 @pytest.fixture(autouse=True)

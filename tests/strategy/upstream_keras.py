@@ -164,6 +164,32 @@ def device_scopes_and_slots() -> dict:
     }
 
 
+def mirrored_variable_devices() -> dict:
+    """Where MirroredStrategy puts a Keras weight built under tf.device, and under
+    a ``colocate_with`` naming other devices (what hybridpar relies on)."""
+    logical_cpus(4)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:2"])
+
+    class Devices:
+        _devices = ("/cpu:1", "/cpu:3")
+
+    def colocated(next_creator, **kwargs):
+        kwargs["colocate_with"] = Devices()
+        return next_creator(**kwargs)
+
+    with strategy.scope():
+        with tf.device("/cpu:1"):
+            in_device_scope = keras.layers.Dense(2)
+            in_device_scope.build((None, 3))
+        with tf.variable_creator_scope(colocated):
+            colocated_layer = keras.layers.Dense(2)
+            colocated_layer.build((None, 3))
+    return {
+        name: [v.device[-5:] for v in layer.kernel.value.values]
+        for name, layer in (("device_scope", in_device_scope), ("colocated", colocated_layer))
+    }
+
+
 def tape_gradient_device() -> dict:
     """The device a tape asks for when it builds the gradient of a placed op."""
     logical_cpus(2)
@@ -194,6 +220,7 @@ CASES = {
         partial_batch,
         conv_on_empty_replica,
         device_scopes_and_slots,
+        mirrored_variable_devices,
         tape_gradient_device,
     )
 }

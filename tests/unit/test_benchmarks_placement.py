@@ -14,12 +14,6 @@ def test_memory_ratio_compares_the_fullest_devices():
     assert placement.memory_ratio(per_device) == pytest.approx(110 / 400)
 
 
-def test_layouts_cover_the_compared_meshes():
-    assert placement.LAYOUTS["1x4"]["model_parallel"]["stages"] == 4
-    assert placement.LAYOUTS["2x2"]["model_parallel"]["stages"] == 2
-    assert "model_parallel" not in placement.LAYOUTS["4x1"]
-
-
 @pytest.mark.parametrize("argv", [["--batch", "126"], ["--dim", "30"], ["--pairs", "0"]])
 def test_parse_args_refuses_sizes_that_do_not_fit(argv):
     with pytest.raises(SystemExit):

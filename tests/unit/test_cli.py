@@ -77,3 +77,14 @@ def test_unknown_command_gets_did_you_mean():
 def test_help_lists_the_commands():
     result = run("--help")
     assert result.returncode == 0 and "train" in result.stdout
+
+
+@pytest.mark.parametrize("value", ["abc", "0"])
+def test_bad_hybridpar_logical_cpus_fails_at_import(value):
+    env = {**os.environ, "HYBRIDPAR_LOGICAL_CPUS": value}
+    env.pop("TF_CONFIG", None)
+    result = subprocess.run([sys.executable, "-c", "import hybridpar"], capture_output=True,
+                            text=True, env=env, timeout=120)
+    assert result.returncode != 0
+    assert f"HYBRIDPAR_LOGICAL_CPUS must be a positive integer. Received: '{value}'." in (
+        result.stderr)

@@ -155,7 +155,10 @@ def test_slurm_step_resolves_through_tensorflows_resolver(monkeypatch):
                         "SLURM_STEP_NODELIST": "node[1-2]",
                         "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.delenv("TF_CONFIG", raising=False)
+    # Set before deleting, so monkeypatch restores the original state afterwards:
+    # cluster_from_env exports TF_CONFIG, which must not leak into later tests.
+    monkeypatch.setenv("TF_CONFIG", "")
+    monkeypatch.delenv("TF_CONFIG")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     cluster = cluster_from_env()
     assert dict(cluster.jobs) == {"worker": ("node1:8888", "node2:8888")}
