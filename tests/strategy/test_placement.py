@@ -223,6 +223,9 @@ def test_hybrid_model_saves_and_loads_into_one_device_and_back(hybrid_2x2, tmp_p
     single = keras.models.load_model(path)
     assert max_difference(expected, [np.asarray(w) for w in single.get_weights()]) == 0.0
     np.testing.assert_allclose(single.predict(sample, verbose=0), reference, rtol=1e-5, atol=1e-6)
+    labels = np.arange(5) % 10
+    np.testing.assert_allclose(model.evaluate(sample, labels, verbose=0),
+                               single.evaluate(sample, labels, verbose=0), rtol=1e-5)
 
     config = {
         "data_parallel": {"mode": "mirrored"},
