@@ -137,7 +137,7 @@ def run_task(args: argparse.Namespace) -> dict[str, Any] | None:
     rng = np.random.default_rng(0)
     config: dict[str, Any] = {"data_parallel": {"mode": "parameter_server"}}
     if args.model == "wide_and_deep":
-        from hybridpar.datasets import clicks
+        from hybridpar.data.builders import clicks
 
         x, y = clicks.generate(4096)
         config["parameter_server"] = {"partitioner": SPARSE_PARTITIONER}

@@ -43,7 +43,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def speedups(step_seconds: Mapping[int, float]) -> dict[int, tuple[float, float, float]]:
     """For each M: (measured speedup over M=1, GPipe bound, measured / bound)."""
-    from hybridpar.schedule import gpipe_speedup_bound
+    from hybridpar.parallel.schedule import gpipe_speedup_bound
 
     base = step_seconds[1]
     result = {}
@@ -81,7 +81,7 @@ def build(microbatches: int, args: argparse.Namespace) -> Any:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     import hybridpar
-    from hybridpar.schedule import bubble_fraction
+    from hybridpar.parallel.schedule import bubble_fraction
 
     hybridpar.testing.use_logical_cpus(STAGES, intra_op_threads=1)
     import keras

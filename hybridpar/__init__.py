@@ -1,65 +1,77 @@
 """hybridpar: one declarative config for hybrid data and model parallel Keras training.
 
-``import hybridpar`` stays light: the config and errors are plain Python; the
-names that need TensorFlow are imported on first use.
+``import hybridpar`` stays light: the config, errors and cluster reading are
+plain Python; the names that need TensorFlow are imported on first use. When
+``TF_CONFIG`` names a multi-worker cluster, importing hybridpar joins it,
+because TensorFlow cannot start collectives once any op has run.
 """
 
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 import sys
 from typing import Any
 
-from hybridpar.cluster import cluster_from_env
 from hybridpar.config import StrategyConfig
-from hybridpar.errors import ConfigError, RuntimeMismatchError
+from hybridpar.errors import (
+    CheckpointDamagedError,
+    CheckpointMismatchError,
+    ConfigError,
+    ParameterServerUnavailableError,
+    RuntimeMismatchError,
+)
+from hybridpar.logs import log_to_stderr
+from hybridpar.topology.cluster import cluster_from_env
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "HybridStrategy": "hybridpar.strategy",
-    "build": "hybridpar.strategy",
-    "current": "hybridpar.strategy",
-    "scope": "hybridpar.strategy",
-    "stage": "hybridpar.staging",
+    "HybridStrategy": "hybridpar.hybrid",
+    "build": "hybridpar.hybrid",
+    "current": "hybridpar.hybrid",
+    "scope": "hybridpar.hybrid",
+    "stage": "hybridpar.hybrid",
 }
-_LAZY_MODULES = ("callbacks", "checkpoint", "data", "pipeline", "testing")
+_LAZY_MODULES = {
+    "callbacks": "hybridpar.callbacks",
+    "checkpoint": "hybridpar.checkpoint",
+    "compat": "hybridpar.compat",
+    "data": "hybridpar.data",
+    "parameter_server": "hybridpar.strategies.ps_training",
+    "pipeline": "hybridpar.pipeline",
+    "report": "hybridpar.report",
+    "testing": "hybridpar.testing",
+}
 
 __all__ = [
+    "CheckpointDamagedError",
+    "CheckpointMismatchError",
     "ConfigError",
     "HybridStrategy",
+    "ParameterServerUnavailableError",
     "RuntimeMismatchError",
     "StrategyConfig",
     "__version__",
     "build",
     "callbacks",
     "checkpoint",
+    "compat",
     "current",
     "data",
+    "log_to_stderr",
     "pipeline",
+    "report",
     "scope",
     "stage",
     "testing",
 ]
 
 
-def _log_to_stderr() -> None:
-    """hybridpar's own INFO lines (mode, sharding) reach stderr unless configured."""
-    logger = logging.getLogger("hybridpar")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-
-
 def _is_launcher() -> bool:
     """True in `hybridpar launch`/`tf-config` processes, which must not join a cluster."""
     program = sys.argv[0] if sys.argv else ""
-    if program.endswith(os.path.join("hybridpar", "launch.py")):
+    if program.endswith(os.path.join("hybridpar", "launch", "__main__.py")):
         return True
     return os.path.basename(program) == "hybridpar" and sys.argv[1:2] in (["launch"], ["tf-config"])
 
@@ -94,12 +106,11 @@ def _join_cluster_from_tf_config() -> None:
         and cluster.num_workers > 1
         and cluster.task_type in ("chief", "worker")
     ):
-        from hybridpar import multiworker
+        from hybridpar.strategies import cluster_join
 
-        multiworker.bring_up(cluster)
+        cluster_join.bring_up(cluster)
 
 
-_log_to_stderr()
 _split_cpu_from_env()
 _join_cluster_from_tf_config()
 
@@ -108,7 +119,7 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     if name in _LAZY_MODULES:
-        return importlib.import_module(f"hybridpar.{name}")
+        return importlib.import_module(_LAZY_MODULES[name])
     raise AttributeError(f"module 'hybridpar' has no attribute {name!r}")
 
 

@@ -1,4 +1,4 @@
-"""Exceptions raised by hybridpar for bad user input."""
+"""Exceptions raised by hybridpar: bad user input, damaged checkpoints, a lost cluster."""
 
 
 class ConfigError(ValueError):
@@ -19,3 +19,7 @@ class CheckpointDamagedError(RuntimeError):
 
 class CheckpointMismatchError(ConfigError):
     """A checkpoint was written by a different model or optimizer than it is restored into."""
+
+
+class ParameterServerUnavailableError(RuntimeError):
+    """A parameter server stopped answering; training cannot go on without it."""

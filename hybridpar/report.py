@@ -11,9 +11,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from hybridpar.devices import canonical_device
-from hybridpar.mesh import DeviceMesh
-from hybridpar.staging import StagePlacer, model_layer_paths
+from hybridpar.config.devices import canonical_device
+from hybridpar.parallel.staging import StagePlacer, model_layer_paths
+from hybridpar.topology.mesh import DeviceMesh
 
 
 @dataclasses.dataclass(frozen=True)

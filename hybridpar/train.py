@@ -16,11 +16,12 @@ import hybridpar_models
 import keras
 import tensorflow as tf
 
-from hybridpar import callbacks as hp_callbacks
-from hybridpar import data, pipeline
+from hybridpar import data
+from hybridpar.callbacks import Throughput, ensure_writable
 from hybridpar.config import StrategyConfig
 from hybridpar.errors import ConfigError
-from hybridpar.strategy import scope
+from hybridpar.hybrid import scope
+from hybridpar.parallel.timeline import PipelineTimeline
 
 
 @dataclasses.dataclass
@@ -123,7 +124,7 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
     keras.utils.set_random_seed(settings.seed)
     started = time.perf_counter()
     with scope(config) as hybrid:
-        model_dir = hp_callbacks.ensure_writable(hybrid.output_dir(model_dir), key="--model_dir")
+        model_dir = ensure_writable(hybrid.output_dir(model_dir), key="--model_dir")
         train_data = input_pipeline(config, settings.train_split, training=True)
         eval_data = (
             input_pipeline(config, settings.eval_split, training=False)
@@ -132,10 +133,10 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
         )
         input_shape = tuple(train_data.element_spec[0].shape[1:])
         model = build_model(config, info.features[info.supervised_keys[1]].num_classes, input_shape)
-    throughput = hp_callbacks.Throughput(batch)
+    throughput = Throughput(batch)
     log_dir = model_dir / "logs"
     timeline = (
-        [pipeline.PipelineTimeline(model_dir, steps=settings.timeline_steps)]
+        [PipelineTimeline(model_dir, steps=settings.timeline_steps)]
         if settings.timeline_steps
         else []
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import keras
 
-from hybridpar.datasets.clicks import NUM_CATEGORIES, NUM_ITEMS, NUM_SEGMENTS, NUM_USERS
+from hybridpar.data.builders.clicks import NUM_CATEGORIES, NUM_ITEMS, NUM_SEGMENTS, NUM_USERS
 
 WIDE_BUCKETS = NUM_SEGMENTS * NUM_CATEGORIES
 

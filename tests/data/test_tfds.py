@@ -12,7 +12,7 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from hybridpar import data
-from hybridpar.datasets import digits
+from hybridpar.data.builders import digits
 
 TINY = "hybridpar_tiny_test_set"
 

@@ -1,4 +1,4 @@
-"""Reading a tf.data pipeline's batching from its graph (hybridpar.batching)."""
+"""Reading a tf.data pipeline's batching from its graph (hybridpar.data.inspect)."""
 
 import keras  # noqa: F401  (Keras's array adapter below)
 import numpy as np
@@ -7,7 +7,7 @@ import tensorflow as tf
 from keras.src.trainers.data_adapters import array_data_adapter
 
 import hybridpar
-from hybridpar.batching import is_batched, static_batch_size
+from hybridpar.data.inspect import is_batched, static_batch_size
 
 X = np.zeros((10, 4), "float32")
 

@@ -87,7 +87,7 @@ def test_gradient_accumulation_equals_the_large_batch_step(single_device, digits
 
 def test_accumulated_microbatches_run_one_after_another():
     """With one stage, microbatch i+1's forward waits for microbatch i's gradients."""
-    from hybridpar import pipeline
+    from hybridpar.parallel import pipeline
 
     with hybridpar.scope({"data_parallel": {"mode": "none"}}):
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])

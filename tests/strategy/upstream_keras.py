@@ -1,6 +1,6 @@
 """Reproduces upstream Keras/TF behaviours WITHOUT hybridpar (run as a script).
 
-Each case prints one JSON line. tests/strategy/test_keras_compat.py runs it in
+Each case prints one JSON line. tests/strategy/test_compat_upstream.py runs it in
 a fresh process so that none of hybridpar's fixes are installed; when a case
 stops reproducing, upstream has changed and the fix can be revisited.
 

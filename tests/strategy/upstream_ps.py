@@ -4,7 +4,7 @@ A ParameterServerStrategy with a variable partitioner gives a Keras variable a
 ``tf.distribute`` ``ShardedVariable`` as its value (DESIGN.md fact 3a; the
 cluster tests check that on real ps tasks). Here the same object is built
 directly, in a fresh process, so none of hybridpar's fixes are installed.
-Each case prints one JSON line (see tests/strategy/test_parameter_server_compat.py).
+Each case prints one JSON line (see tests/strategy/test_compat_parameter_server.py).
 
     python upstream_ps.py CASE
 """
@@ -23,14 +23,18 @@ from tensorflow.python.distribute import sharded_variable
 ROWS, DIM = 10, 3
 
 
-def sharded_embedding() -> keras.layers.Embedding:
-    """An Embedding whose table is a ShardedVariable of two shards (5 rows each)."""
-    layer = keras.layers.Embedding(ROWS, DIM)
-    layer.build((None,))
-    table = np.arange(ROWS * DIM, dtype="float32").reshape(ROWS, DIM)
-    layer._embeddings._value = sharded_variable.ShardedVariable(
-        [tf.Variable(table[:5]), tf.Variable(table[5:])]
-    )
+def sharded_embedding(strategy: tf.distribute.Strategy | None = None) -> keras.layers.Embedding:
+    """An Embedding whose table is a ShardedVariable of two shards (5 rows each).
+
+    The shards belong to ``strategy`` (default: none), as a parameter-server
+    strategy's shards belong to it.
+    """
+    with (strategy or tf.distribute.get_strategy()).scope():
+        layer = keras.layers.Embedding(ROWS, DIM)
+        layer.build((None,))
+        table = np.arange(ROWS * DIM, dtype="float32").reshape(ROWS, DIM)
+        shards = [tf.Variable(table[:5]), tf.Variable(table[5:])]
+    layer._embeddings._value = sharded_variable.ShardedVariable(shards)
     return layer
 
 

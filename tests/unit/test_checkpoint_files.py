@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from hybridpar import checkpoint
+from hybridpar.checkpoint import files as checkpoint
 from hybridpar.errors import CheckpointDamagedError
 
 

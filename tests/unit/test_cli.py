@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from hybridpar import ConfigError
-from hybridpar.cli import load_config, parse_overrides
+from hybridpar.cli.train_command import load_config, parse_overrides
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HYBRIDPAR = [sys.executable, "-m", "hybridpar.cli"]

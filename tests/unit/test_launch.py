@@ -17,9 +17,11 @@ import time
 
 import pytest
 
-from hybridpar import launch
-from hybridpar.cluster import parse_tf_config
-from hybridpar.launch import Outcome, Task, UsageError
+from hybridpar import exit_codes
+from hybridpar.launch import args, local, ports, processes, tasks
+from hybridpar.launch.tasks import Outcome, UsageError
+from hybridpar.topology import cluster
+from hybridpar.topology.cluster import Task, parse_tf_config
 
 TASK_SCRIPT = pathlib.Path(__file__).parent / "launch_scripts" / "task.py"
 LAUNCH = [sys.executable, "-m", "hybridpar.launch"]
@@ -99,27 +101,27 @@ def records(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def test_task_layout_worker_only_and_parameter_server():
-    assert [str(t) for t in launch.task_layout(3)] == ["worker:0", "worker:1", "worker:2"]
-    assert [str(t) for t in launch.task_layout(2, 2)] == [
+    assert [str(t) for t in tasks.task_layout(3)] == ["worker:0", "worker:1", "worker:2"]
+    assert [str(t) for t in tasks.task_layout(2, 2)] == [
         "chief:0", "worker:0", "worker:1", "ps:0", "ps:1"]
-    assert launch.is_ps_mode(launch.task_layout(1, 1))
-    assert not launch.is_ps_mode(launch.task_layout(2))
+    assert tasks.is_ps_mode(tasks.task_layout(1, 1))
+    assert not tasks.is_ps_mode(tasks.task_layout(2))
 
 
 def test_cluster_spec_and_tf_config_parse_back():
-    tasks = launch.task_layout(2, 1)
+    layout = tasks.task_layout(2, 1)
     addresses = ["h:1", "h:2", "h:3", "h:4"]
-    cluster = launch.cluster_spec(tasks, addresses)
-    assert cluster == {"chief": ["h:1"], "worker": ["h:2", "h:3"], "ps": ["h:4"]}
-    config = launch.make_tf_config(cluster, "worker", 1)
-    assert config == {"cluster": cluster, "task": {"type": "worker", "index": 1}}
+    spec = cluster.cluster_spec(layout, addresses)
+    assert spec == {"chief": ["h:1"], "worker": ["h:2", "h:3"], "ps": ["h:4"]}
+    config = tasks.make_tf_config(spec, "worker", 1)
+    assert config == {"cluster": spec, "task": {"type": "worker", "index": 1}}
     info = parse_tf_config(json.dumps(config))
     assert (info.task_type, info.task_index, info.num_ps, info.is_chief) == ("worker", 1, 1, False)
 
 
 def test_task_environment_adds_tf_config_task_restart_and_unbuffered():
     cluster = {"worker": ["127.0.0.1:5000", "127.0.0.1:5001"]}
-    env = launch.task_environment({"PATH": "/bin", "TF_CONFIG": "old"}, cluster,
+    env = tasks.task_environment({"PATH": "/bin", "TF_CONFIG": "old"}, cluster,
                                   Task("worker", 1), restart=2)
     assert env["PATH"] == "/bin"
     assert json.loads(env["TF_CONFIG"]) == {"cluster": cluster,
@@ -130,7 +132,7 @@ def test_task_environment_adds_tf_config_task_restart_and_unbuffered():
 
 @pytest.mark.parametrize("text", ["10.0.0.1:2222", "host-a.example:1", "[::1]:65535", " h:80 "])
 def test_parse_address_accepts(text):
-    assert launch.parse_address(text) == text.strip()
+    assert ports.parse_address(text) == text.strip()
 
 
 @pytest.mark.parametrize("text, match", [
@@ -144,53 +146,53 @@ def test_parse_address_accepts(text):
 ])
 def test_parse_address_refuses(text, match):
     with pytest.raises(UsageError, match=match) as info:
-        launch.parse_address(text, "--workers")
+        ports.parse_address(text, "--workers")
     assert f"Received: --workers {text!r}" in str(info.value)
 
 
 def test_parse_address_list_refuses_empty_items():
-    assert launch.parse_address_list("a:1,b:2", "--ps") == ["a:1", "b:2"]
+    assert ports.parse_address_list("a:1,b:2", "--ps") == ["a:1", "b:2"]
     with pytest.raises(UsageError, match="without empty items.*Received: --ps 'a:1,'"):
-        launch.parse_address_list("a:1,", "--ps")
+        ports.parse_address_list("a:1,", "--ps")
 
 
 def test_exit_status_and_what_ends_the_cluster():
-    assert launch.exit_status(0) == 0
-    assert launch.exit_status(3) == 3
-    assert launch.exit_status(-signal.SIGKILL) == 137
-    assert launch.describe_status(137) == "137 (killed by SIGKILL)"
-    assert launch.describe_status(3) == "3"
-    assert launch.describe_status(42) == "42 (preempted, saved a checkpoint)"
-    assert launch.ends_cluster(Task("worker", 1), 3, ps_mode=False)
-    assert not launch.ends_cluster(Task("worker", 0), 0, ps_mode=False)
-    assert launch.ends_cluster(Task("chief", 0), 0, ps_mode=True)
-    assert not launch.ends_cluster(Task("ps", 0), 0, ps_mode=True)
-    assert launch.ends_cluster(Task("ps", 0), 1, ps_mode=True)
+    assert exit_codes.exit_status(0) == 0
+    assert exit_codes.exit_status(3) == 3
+    assert exit_codes.exit_status(-signal.SIGKILL) == 137
+    assert exit_codes.describe_status(137) == "137 (killed by SIGKILL)"
+    assert exit_codes.describe_status(3) == "3"
+    assert exit_codes.describe_status(42) == "42 (preempted, saved a checkpoint)"
+    assert tasks.ends_cluster(Task("worker", 1), 3, ps_mode=False)
+    assert not tasks.ends_cluster(Task("worker", 0), 0, ps_mode=False)
+    assert tasks.ends_cluster(Task("chief", 0), 0, ps_mode=True)
+    assert not tasks.ends_cluster(Task("ps", 0), 0, ps_mode=True)
+    assert tasks.ends_cluster(Task("ps", 0), 1, ps_mode=True)
 
 
 def test_summary_and_restart_lines():
-    assert launch.restart_line(Task("worker", 1), 137, 1, 2) == (
+    assert tasks.restart_line(Task("worker", 1), 137, 1, 2) == (
         "task worker:1 exited with 137; restarting the cluster (restart 1 of 2)")
-    assert launch.restart_line(Task("worker", 0), 42, 1, 1) == (
+    assert tasks.restart_line(Task("worker", 0), 42, 1, 1) == (
         "task worker:0 exited with 42 (preempted, saved a checkpoint); restarting the cluster "
         "(restart 1 of 1)")
     failed = Outcome("failed", 137, Task("worker", 1))
-    assert launch.summary_line(failed, 2, False, None) == (
+    assert tasks.summary_line(failed, 2, False, None) == (
         "task worker:1 exited with 137 (killed by SIGKILL); stopped the other tasks; exit code 137")
-    assert "timed out" in launch.summary_line(Outcome("timeout", 124), 2, False, 2.0)
+    assert "timed out" in tasks.summary_line(Outcome("timeout", 124), 2, False, 2.0)
     interrupted = Outcome("signal", 130, signum=signal.SIGINT)
-    assert "received SIGINT" in launch.summary_line(interrupted, 2, False, None)
+    assert "received SIGINT" in tasks.summary_line(interrupted, 2, False, None)
     chief = Outcome("finished", 0, Task("chief", 0))
-    assert "task chief:0 exited with 0; stopped the worker and ps tasks" in launch.summary_line(
+    assert "task chief:0 exited with 0; stopped the worker and ps tasks" in tasks.summary_line(
         chief, 3, True, None)
 
 
 def test_pick_ports_are_distinct_and_avoid_excluded():
     picks = iter([5000, 5000, 5001, 5002, 5003])
-    assert launch.pick_ports(2, exclude=[5001], pick=lambda: next(picks)) == [5000, 5002]
-    ports = launch.pick_ports(4)
-    assert len(set(ports)) == 4
-    assert len(set(launch.pick_ports(3, pick=launch._bind_free_port))) == 3
+    assert ports.pick_ports(2, exclude=[5001], pick=lambda: next(picks)) == [5000, 5002]
+    picked = ports.pick_ports(4)
+    assert len(set(picked)) == 4
+    assert len(set(ports.pick_ports(3, pick=ports._bind_free_port))) == 3
 
 
 # --------------------------------------------------------------------------- bad input
@@ -213,7 +215,7 @@ def test_pick_ports_are_distinct_and_avoid_excluded():
     (["--", "true"], r"the following arguments are required: --workers"),
 ])
 def test_launch_bad_input_exits_2_with_a_clear_message(argv, match, capsys):
-    assert launch.main(argv) == 2
+    assert args.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("hybridpar launch: error: ")
     assert re.search(match, err), err
@@ -221,7 +223,7 @@ def test_launch_bad_input_exits_2_with_a_clear_message(argv, match, capsys):
 
 
 def test_launch_help_exits_0(capsys):
-    assert launch.main(["--help"]) == 0
+    assert args.main(["--help"]) == 0
     assert "--max-restarts" in capsys.readouterr().out
 
 
@@ -229,7 +231,7 @@ def test_ignored_sighup_stays_ignored_but_sigint_is_always_handled():
     previous_hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
     previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as for a background job
     try:
-        with launch._SignalWatcher() as watcher:
+        with processes.SignalWatcher() as watcher:
             assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
             os.kill(os.getpid(), signal.SIGINT)  # still stops the cluster
             time.sleep(0.1)
@@ -242,7 +244,7 @@ def test_ignored_sighup_stays_ignored_but_sigint_is_always_handled():
 
 def test_launch_function_refuses_empty_command():
     with pytest.raises(UsageError, match="no command to run"):
-        launch.launch([], 2)
+        local.launch([], 2)
 
 
 # --------------------------------------------------------------------------- tf-config
@@ -251,14 +253,14 @@ def test_launch_function_refuses_empty_command():
 def test_tf_config_prints_json(capsys):
     argv = ["--workers", "h1:2222,h2:2222", "--chief", "h0:2222", "--ps", "h3:2222",
             "--index", "1"]
-    assert launch.tf_config_main(argv) == 0
+    assert args.tf_config_main(argv) == 0
     config = json.loads(capsys.readouterr().out)
     assert config == {
         "cluster": {"chief": ["h0:2222"], "worker": ["h1:2222", "h2:2222"], "ps": ["h3:2222"]},
         "task": {"type": "worker", "index": 1},
     }
     assert parse_tf_config(json.dumps(config)).task_index == 1
-    assert launch.tf_config_main(["--workers", "a:1", "--chief", "c:2", "--type", "chief",
+    assert args.tf_config_main(["--workers", "a:1", "--chief", "c:2", "--type", "chief",
                                   "--index", "0"]) == 0
     assert json.loads(capsys.readouterr().out)["task"] == {"type": "chief", "index": 0}
 
@@ -280,7 +282,7 @@ def test_tf_config_prints_json(capsys):
     (["--workers", "h1:1"], r"the following arguments are required: --index"),
 ])
 def test_tf_config_errors_exit_2(argv, match, capsys):
-    assert launch.tf_config_main(argv) == 2
+    assert args.tf_config_main(argv) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith("hybridpar tf-config: error: ")
@@ -445,14 +447,14 @@ def test_parameter_server_mode_returns_the_chief_failure(records):
 
 
 def test_what_a_task_exit_means_in_parameter_server_mode():
-    exit_ = launch.ps_mode_exit
+    exit_ = tasks.ps_mode_exit
     assert exit_(Task("chief", 0), 0, workers_alive=2, restarts_left=3) == "end"
     assert exit_(Task("chief", 0), 1, workers_alive=2, restarts_left=3) == "end"
     assert exit_(Task("worker", 1), 137, workers_alive=1, restarts_left=1) == "restart_task"
     assert exit_(Task("worker", 1), 137, workers_alive=1, restarts_left=0) == "keep_going"
     assert exit_(Task("worker", 1), 137, workers_alive=0, restarts_left=0) == "end"
     assert exit_(Task("ps", 1), 137, workers_alive=2, restarts_left=3) == "keep_going"
-    assert launch.task_restart_line(Task("worker", 1), 137, 1, 2) == (
+    assert tasks.task_restart_line(Task("worker", 1), 137, 1, 2) == (
         "task worker:1 exited with 137 (killed by SIGKILL); restarting it alone at the same "
         "address (restart 1 of 2)")
 
@@ -501,7 +503,7 @@ def test_command_that_cannot_start_exits_127(tmp_path):
 
 def test_launch_in_process_writes_to_the_given_streams(records):
     out, err = io.StringIO(), io.StringIO()
-    code = launch.launch(_command({"*": {"stdout": "hello"}}, records), 2,
+    code = local.launch(_command({"*": {"stdout": "hello"}}, records), 2,
                          env=_env(), stdout=out, stderr=err)
     assert code == 0, err.getvalue()
     assert "[worker:0] hello" in out.getvalue().splitlines()

@@ -3,7 +3,7 @@
 import pytest
 
 from hybridpar.errors import ConfigError
-from hybridpar.placement import PlacementRules, current_stage, record_layer, stage
+from hybridpar.topology.placement import PlacementRules, current_stage, record_layer, stage
 
 RULES = PlacementRules({"^block_[01]$": 0, "^block_[23]$": 1, "head": 1}, stages=2)
 

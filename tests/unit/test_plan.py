@@ -6,10 +6,10 @@ import os
 import pytest
 
 from hybridpar import ConfigError, RuntimeMismatchError, StrategyConfig
-from hybridpar.cluster import parse_tf_config
-from hybridpar.devices import canonical_device
-from hybridpar.mesh import DeviceMesh
-from hybridpar.plan import make_plan
+from hybridpar.config.devices import canonical_device
+from hybridpar.topology.cluster import parse_tf_config
+from hybridpar.topology.mesh import DeviceMesh
+from hybridpar.topology.plan import make_plan
 
 CPUS = [f"/device:CPU:{i}" for i in range(4)]
 GPUS = ["/device:CPU:0", "/device:GPU:0", "/device:GPU:1"]
@@ -149,7 +149,7 @@ def test_bad_tf_config(value, match):
 
 
 def test_slurm_step_resolves_through_tensorflows_resolver(monkeypatch):
-    from hybridpar.cluster import cluster_from_env
+    from hybridpar.topology.cluster import cluster_from_env
 
     for name, value in {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2",
                         "SLURM_STEP_NODELIST": "node[1-2]",
@@ -167,7 +167,7 @@ def test_slurm_step_resolves_through_tensorflows_resolver(monkeypatch):
 
 
 def test_single_task_slurm_step_is_no_cluster(monkeypatch):
-    from hybridpar.cluster import cluster_from_env
+    from hybridpar.topology.cluster import cluster_from_env
 
     monkeypatch.setenv("SLURM_PROCID", "0")
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")

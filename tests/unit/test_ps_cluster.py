@@ -6,10 +6,10 @@ import pytest
 
 import hybridpar
 from hybridpar import StrategyConfig
-from hybridpar.cluster import parse_tf_config
 from hybridpar.errors import RuntimeMismatchError
-from hybridpar.plan import make_plan
-from hybridpar.ps_cluster import check_cluster, ps_tasks_in, root_cause
+from hybridpar.topology.cluster import parse_tf_config
+from hybridpar.topology.plan import make_plan
+from hybridpar.topology.ps_cluster import check_cluster, ps_tasks_in, root_cause
 
 CPU = ["/device:CPU:0"]
 
@@ -92,10 +92,10 @@ def test_zero_shards_are_refused_by_the_config():
 
 @pytest.mark.parametrize("task", [("chief", 0), ("worker", 1), ("ps", 0)])
 def test_import_does_not_join_a_parameter_server_cluster(task, monkeypatch):
-    import hybridpar.multiworker
+    import hybridpar.strategies.cluster_join
 
     joined = []
-    monkeypatch.setattr(hybridpar.multiworker, "bring_up", joined.append)
+    monkeypatch.setattr(hybridpar.strategies.cluster_join, "bring_up", joined.append)
     spec = {"chief": ["h:1"], "worker": ["h:2", "h:3"], "ps": ["h:4"]}
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec,
                                                 "task": {"type": task[0], "index": task[1]}}))

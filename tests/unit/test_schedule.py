@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hybridpar.schedule import (
+from hybridpar.parallel.schedule import (
     Interval,
     bubble_fraction,
     chrome_trace,

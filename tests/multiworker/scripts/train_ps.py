@@ -19,7 +19,7 @@ import keras
 import tensorflow as tf
 
 import hybridpar
-from hybridpar.datasets import clicks
+from hybridpar.data.builders import clicks
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", type=pathlib.Path, required=True)

@@ -1,0 +1,314 @@
+"""``PeriodicCheckpoint``: the Keras callback behind ``checkpoint.*`` (save, resume, preempt)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from hybridpar.checkpoint import files, model_state, preemption
+from hybridpar.config import CheckpointConfig
+from hybridpar.errors import ConfigError
+from hybridpar.state import StrategyState, state_of
+
+logger = logging.getLogger("hybridpar")
+
+
+def _state_from(hybrid: Any) -> StrategyState | None:
+    """The strategy state behind ``hybrid`` (a ``HybridStrategy`` or a state), or in scope."""
+    if hybrid is None:
+        return state_of(tf.distribute.get_strategy())
+    return hybrid if isinstance(hybrid, StrategyState) else hybrid.state
+
+
+class PeriodicCheckpoint(keras.callbacks.Callback):
+    """Checkpoints from ``config.checkpoint``: periodic saves, step-exact resume, preemption.
+
+    - Saves model, optimizer and metric variables with the epoch, the batch
+      within it and the data position every ``every_steps`` optimizer steps
+      and/or ``every_epochs`` epochs, keeping the newest ``keep``
+      (``hybridpar.checkpoint.files`` describes the format). Every worker takes
+      part in a save; only the chief writes files.
+    - With ``resume`` (``checkpoint.backup_and_restore``), ``fit`` first
+      restores the newest undamaged checkpoint in ``dir`` and continues at
+      its optimizer step: it starts at the saved epoch and skips the batches
+      of that epoch that were already trained, by drawing them from the
+      iterator without training on them. This reproduces the uninterrupted
+      run when the data is deterministic: each epoch's iterator yields the
+      same batches in the same order whatever ran before in the process
+      (no shuffling, or ``shuffle(..., seed=..., reshuffle_each_iteration=False)``).
+    - With ``preemption``, SIGTERM during ``fit`` makes every worker save at
+      the same step boundary (the step after the next) and exit with
+      ``PREEMPTED_EXIT_CODE`` (42). The SIGTERM handler is installed when
+      ``fit`` starts and removed when it ends; if an exception escapes
+      ``fit``, it stays until the next ``fit`` ends. Outside the main
+      thread (Ray Train runs the training function in a thread) no handler
+      can be installed: that is logged once, and restarts resume from the
+      last periodic checkpoint.
+
+    The callback works with any ``model.fit`` loop that calls
+    ``model.train_function(iterator)`` once per ``steps_per_execution``
+    batches (Keras's TensorFlow trainer does); a trainer with its own loop
+    plugs in by doing the same.
+
+    In parameter-server mode steps run asynchronously on the workers, so a
+    step count does not name one consistent state: checkpoints are written at
+    the end of each ``every_epochs``-th epoch (after the coordinator joined
+    every step), ``every_steps`` is not applied, and a relaunch resumes at the
+    next epoch.
+
+    Args:
+        config: the ``checkpoint`` section (``dir`` must be set).
+        hybrid: the ``HybridStrategy`` (or its ``StrategyState``) whose model
+            this checkpoints; default: the hybridpar strategy in scope, if
+            any. It decides who writes and what the manifest records.
+        resume: restore the newest checkpoint when ``fit`` starts (default:
+            ``config.backup_and_restore``).
+        preemption: save and exit on SIGTERM.
+
+    Raises:
+        ConfigError: when ``dir`` is missing or not writable (on the chief).
+    """
+
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        hybrid: Any = None,
+        *,
+        resume: bool | None = None,
+        preemption: bool = True,
+    ) -> None:
+        super().__init__()
+        if config.dir is None:
+            raise ConfigError(
+                "PeriodicCheckpoint needs checkpoint.dir. Received: None. Set checkpoint.dir."
+            )
+        self.state = _state_from(hybrid)
+        self.config = config
+        self.directory = Path(config.dir)
+        self.writes = self.state is None or self.state.is_chief
+        if self.writes:
+            files.ensure_writable(self.directory)
+            files.remove_partials(self.directory)
+        self.every_steps = config.every_steps
+        self.every_epochs = config.every_epochs
+        self.keep = config.keep
+        self.resume = config.backup_and_restore if resume is None else resume
+        self.preemption = preemption
+        self.asynchronous = self.state is not None and self.state.mode == "parameter_server"
+        if self.asynchronous and self.every_steps:
+            logger.warning(
+                "hybridpar: checkpoint.every_steps=%d is not applied in parameter-server mode "
+                "(steps run asynchronously); checkpoints are written at epoch ends.",
+                self.every_steps,
+            )
+        self.restored: files.Found | None = None
+        self._own_watcher: Any = None
+        self.saved: list[Path] = []
+        self._reset_position()
+
+    def _reset_position(self) -> None:
+        self._epoch = self._batch = 0
+        self._iterator: Any = None
+        self._iterator_epoch = 0
+        self._position = 0
+        self._persists = False
+        self._skip_calls = self._skip_extra = 0
+        self._last_saved = -1
+        self._original_train_function: Any = None
+        self._pending_metrics: dict[str, Any] | None = None
+        self._epoch_save_pending = False
+        self._watcher: Any = None
+
+    def _step(self) -> int:
+        return int(self.model.optimizer.iterations.numpy())
+
+    # ------------------------------------------------------------------ Keras hooks
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._reset_position()
+        self.restored = None
+        if not self.asynchronous:
+            self._wrap_train_function()
+        if self.resume:
+            self._restore()
+        self._last_saved = self._step()
+        if self.preemption:
+            self._watcher = self._preemption_watcher()
+            if self._watcher is not None:
+                self._watcher.activate(lambda: self.save(reason="preemption"))
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._epoch, self._batch = epoch, 0
+        if self._pending_metrics is not None:
+            if self._skip_calls or self._skip_extra:
+                model_state.assign_group(self.model, "metrics", self._pending_metrics)
+            self._pending_metrics = None
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._batch = batch + 1
+        if self.asynchronous:
+            return
+        step = self._step()
+        if self.every_steps and step % self.every_steps == 0 and step != self._last_saved:
+            self.save()
+        if self._watcher is not None:
+            self._watcher.step_done()
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._epoch, self._batch = epoch + 1, 0
+        if self.every_epochs and (epoch + 1) % self.every_epochs == 0 and self.asynchronous:
+            self.save()
+        elif self.every_epochs and (epoch + 1) % self.every_epochs == 0:
+            # Written before the next epoch's first step, once it is known whether that
+            # epoch draws from a fresh iterator; the state is the same as now.
+            self._epoch_save_pending = True
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self._epoch_save_pending:
+            self._epoch_save_pending = False
+            self.save()
+        if self._original_train_function is not None:
+            self.model.train_function = self._original_train_function
+        if self.restored is not None:
+            self.model._initial_epoch = None  # set by _restore, as Keras's BackupAndRestore does
+        self._iterator = None
+        if self._watcher is not None:
+            self._watcher.deactivate()
+            self._watcher = None
+
+    def _preemption_watcher(self) -> Any:
+        """The strategy's watcher (kept in its state), created on first use."""
+        strategy = self.model.distribute_strategy
+        holder = state_of(strategy)
+        if holder is None:  # a strategy hybridpar did not build: this callback keeps it
+            if self._own_watcher is None:
+                self._own_watcher = preemption.create_watcher(strategy)
+            return self._own_watcher
+        if holder.preemption is None:
+            holder.preemption = preemption.create_watcher(strategy)
+        return holder.preemption
+
+    # ------------------------------------------------------------------ data position
+
+    def _wrap_train_function(self) -> None:
+        """Counts the batches drawn from each iterator, and skips those already trained."""
+        original = self._original_train_function = self.model.train_function
+        per_call = int(getattr(self.model, "steps_per_execution", 1) or 1)
+
+        def train_function(iterator):
+            if iterator is not self._iterator:
+                if self._iterator is not None:
+                    self._persists = False
+                self._iterator, self._iterator_epoch, self._position = iterator, self._epoch, 0
+            elif self._iterator_epoch != self._epoch:
+                self._persists = True
+            if self._epoch_save_pending:
+                self._epoch_save_pending = False
+                self.save()
+            for _ in range(self._skip_extra):
+                next(iterator)
+            self._position += self._skip_extra
+            self._skip_extra = 0
+            if self._skip_calls:
+                self._skip_calls -= 1
+                for _ in range(per_call):
+                    next(iterator)
+                self._position += per_call
+                return {}
+            result = original(iterator)
+            self._position += per_call
+            return result
+
+        self.model.train_function = train_function
+
+    def _restore(self) -> None:
+        found = files.latest(self.directory)
+        if found is None:
+            logger.info("hybridpar: no checkpoint in %s yet; training from the start.",
+                        self.directory)
+            return
+        model_state.ensure_built(self.model)
+        arrays = files.read_arrays(found.path)
+        if model_state.apply(self.model, found.path, found.manifest, arrays, metrics=False):
+            self._pending_metrics = arrays  # Keras resets metrics when the epoch begins
+        epoch, skip, extra = files.resume_plan(found.manifest, self.params.get("steps"))
+        self.model._initial_epoch = epoch
+        self._epoch = epoch
+        self._skip_calls = skip // int(getattr(self.model, "steps_per_execution", 1) or 1)
+        self._skip_extra = extra
+        self._persists = bool(found.manifest["data"]["iterator_persists"])
+        self.restored = found
+        logger.info(
+            "hybridpar: resumed from %s at optimizer step %d (epoch %d, skipping its first %d "
+            "batch(es) already trained); %s",
+            found.path, found.step, epoch + 1, skip, self._topology_note(found.manifest),
+        )
+
+    def _topology_note(self, manifest: dict[str, Any]) -> str:
+        written = files.describe_topology(manifest.get("topology", {}))
+        now = files.describe_topology(self._topology())
+        batch = manifest.get("topology", {}).get("global_batch_size")
+        current_batch = self._topology().get("global_batch_size")
+        if batch is not None and current_batch is not None and batch != current_batch:
+            batch_note = (f"the global batch changed from {batch} to {current_batch}: the data "
+                          f"position counts batches of the new size")
+        elif current_batch is not None:
+            batch_note = f"the global batch stays {current_batch} examples per step"
+        else:
+            batch_note = "the global batch stays what the dataset yields per step"
+        return f"written by {written}, resumed on {now}; {batch_note}."
+
+    # ------------------------------------------------------------------ saving
+
+    def _topology(self) -> dict[str, Any]:
+        state = self.state
+        strategy = self.model.distribute_strategy
+        if state is None:
+            return {"mode": type(strategy).__name__, "num_workers": 1,
+                    "num_replicas": strategy.num_replicas_in_sync, "devices": [],
+                    "global_batch_size": None}
+        cluster = state.cluster
+        return {
+            "mode": state.mode,
+            "num_workers": cluster.num_workers if cluster is not None else 1,
+            "num_replicas": strategy.num_replicas_in_sync,
+            "devices": list(state.plan.mesh.devices),
+            "global_batch_size": state.global_batch_size,
+        }
+
+    def save(self, reason: str = "periodic") -> Path | None:
+        """Saves a checkpoint of the current step (on every worker; the chief writes).
+
+        Returns:
+            The checkpoint directory on the chief, ``None`` on other workers.
+        """
+        step = self._step()
+        if step == self._last_saved:
+            return None
+        data = {
+            "epoch": self._epoch,
+            "batch": self._batch,
+            "iterator_position": self._position if self._epoch == self._iterator_epoch
+            or self._persists else 0,
+            "iterator_persists": self._persists,
+        }
+        extra = {
+            "reason": reason,
+            "config": self.state.config.to_dict() if self.state is not None else None,
+            "topology": self._topology(),
+        }
+        path = model_state.save_position(self.model, self.directory, data, extra=extra,
+                                        write_files=self.writes)
+        self._last_saved = step
+        if path is not None:
+            self.saved.append(path)
+            files.prune(self.directory, self.keep)
+        return path
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints in this directory, oldest first."""
+        return files.list_checkpoints(self.directory)

@@ -1,0 +1,87 @@
+"""``model_parallel.microbatches > 1`` runs hybridpar's microbatched train step.
+
+Not an upstream defect: Keras 3 has no pipelining, and its train step is the
+one place a batch can be split into microbatches under the unmodified
+``model.fit``. For models under a strategy hybridpar built with
+``microbatches > 1``, ``TensorFlowTrainer.train_step`` runs
+``hybridpar.parallel.pipeline.train_step`` instead.
+
+``make_train_function`` is the first point where a model is complete (all
+its layers known and built) before its first step: there a model class that
+overrides ``train_step`` while ``microbatches > 1`` is refused (its own step
+would silently ignore the microbatches), placement rules that match no layer
+are reported, and the placement report is logged once with stages > 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from keras.src.backend.tensorflow import trainer as keras_tf_trainer
+
+from hybridpar import report
+from hybridpar.compat.patching import Fix, Patch, register
+from hybridpar.errors import ConfigError
+from hybridpar.parallel import pipeline
+from hybridpar.state import state_of
+
+logger = logging.getLogger("hybridpar")
+
+
+def own_train_step(model: Any) -> type | None:
+    """The user class that overrides Keras's ``train_step``, or ``None``."""
+    for cls in type(model).__mro__:
+        if "train_step" in vars(cls):
+            return None if cls.__module__.startswith("keras.") else cls
+    return None
+
+
+def _microbatched(original: Any) -> Any:
+    @functools.wraps(original)
+    def train_step(self, data):
+        state = state_of(self._distribute_strategy)
+        if state is None or state.microbatches == 1:
+            return original(self, data)
+        return pipeline.train_step(
+            self, data, state.microbatches, sequential=state.stages == 1
+        )
+
+    return train_step
+
+
+def _checked_before_training(original: Any) -> Any:
+    @functools.wraps(original)
+    def make_train_function(self, force=False):
+        state = state_of(self._distribute_strategy)
+        if state is not None and not getattr(self, "_hybridpar_checked", False):
+            custom = own_train_step(self)
+            if custom is not None and state.microbatches > 1:
+                raise ConfigError(
+                    f"{custom.__qualname__} overrides train_step, so hybridpar cannot split "
+                    "its batches into microbatches. Received: "
+                    f"model_parallel.microbatches={state.microbatches}. Set "
+                    "model_parallel.microbatches to 1, or remove the train_step override "
+                    "(hybridpar's microbatched step then runs Keras's)."
+                )
+            described = report.describe(self, state.placer)
+            if state.stages > 1:
+                logger.info("%s", described)
+            self._hybridpar_checked = True
+        return original(self, force)
+
+    return make_train_function
+
+
+FIX = register(Fix(
+    name="microbatch_step",
+    corrects="Keras 3 has no pipelining: its train step cannot split a batch into microbatches",
+    group="core",
+    patches=(
+        Patch(keras_tf_trainer.TensorFlowTrainer, "train_step", _microbatched),
+        Patch(keras_tf_trainer.TensorFlowTrainer, "make_train_function",
+              _checked_before_training),
+    ),
+))
+

@@ -1,0 +1,210 @@
+"""Reversible patches of Keras/TensorFlow attributes, installed by group while needed.
+
+A ``Fix`` names the upstream behaviour it corrects and lists its ``Patch``es.
+Fixes belong to a group, and a group is installed while something holds it:
+
+- ``core``: while any strategy hybridpar built is alive;
+- ``stages``: while a strategy with ``model_parallel.stages > 1`` is alive;
+- ``stage_marks``: while a ``hybridpar.stage()`` block is open;
+- ``parameter_server``: while a parameter-server strategy hybridpar built is alive.
+
+Every patched function asks first whether the object at hand belongs to
+hybridpar and otherwise calls the original with the same arguments, so code
+that never asked for hybridpar runs Keras's own path. ``uninstall()`` puts
+every original object back, whatever holds a group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+logger = logging.getLogger("hybridpar")
+
+GROUPS = ("core", "stages", "stage_marks", "parameter_server")
+_MISSING = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """Replaces ``owner.<name>`` by ``wrap(original)``.
+
+    Attributes:
+        owner: the class or module whose attribute is replaced.
+        name: the attribute.
+        wrap: builds the replacement from the original. It receives the raw
+            attribute from ``owner.__dict__`` (a function, ``staticmethod``
+            or ``property``) when it is defined there, else the inherited
+            value.
+        after: called with the value now in place, after installing (with
+            the replacement) and after uninstalling (with the original), for
+            attributes that must also be registered elsewhere.
+    """
+
+    owner: Any
+    name: str
+    wrap: Callable[[Any], Any]
+    after: Callable[[Any], None] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Fix:
+    """One correction of an upstream Keras/TensorFlow behaviour.
+
+    Attributes:
+        name: short identifier, e.g. ``symbolic_build``.
+        corrects: what upstream does wrong, in one sentence.
+        upstream: the upstream issue, where one exists.
+        group: when it is installed (see the module docstring).
+        patches: the attributes it replaces; empty for fixes that are
+            overrides in hybridpar's own strategy classes.
+    """
+
+    name: str
+    corrects: str
+    group: str
+    patches: tuple[Patch, ...] = ()
+    upstream: str = ""
+
+    def __post_init__(self) -> None:
+        if self.group not in GROUPS:
+            raise ValueError(f"Fix {self.name!r}: unknown group {self.group!r}.")
+
+
+@dataclasses.dataclass
+class _Applied:
+    patch: Patch
+    original: Any  # the raw value in owner.__dict__, or _MISSING if inherited
+
+
+class _Registry:
+    """Which fixes exist, which are applied, and who holds each group."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._fixes: dict[str, Fix] = {}
+        self._applied: dict[str, list[_Applied]] = {}
+        self._holds = dict.fromkeys(GROUPS, 0)
+
+    def register(self, fix: Fix) -> Fix:
+        with self._lock:
+            if fix.name in self._fixes and self._fixes[fix.name] is not fix:
+                raise ValueError(f"Two fixes are named {fix.name!r}.")
+            self._fixes[fix.name] = fix
+            if self._holds[fix.group] and fix.name not in self._applied:
+                self._apply(fix)
+        return fix
+
+    def fixes(self) -> list[Fix]:
+        with self._lock:
+            return list(self._fixes.values())
+
+    def installed(self) -> list[Fix]:
+        with self._lock:
+            return [self._fixes[name] for name in self._applied]
+
+    def is_installed(self, fix: Fix) -> bool:
+        with self._lock:
+            return fix.name in self._applied
+
+    def acquire(self, group: str) -> None:
+        with self._lock:
+            self._holds[group] += 1
+            if self._holds[group] == 1:
+                for fix in self._fixes.values():
+                    if fix.group == group and fix.name not in self._applied:
+                        self._apply(fix)
+
+    def release(self, group: str) -> None:
+        with self._lock:
+            if self._holds[group] == 0:
+                return
+            self._holds[group] -= 1
+            if self._holds[group] == 0:
+                for name in reversed(list(self._applied)):
+                    if self._fixes[name].group == group:
+                        self._revert(name)
+
+    def uninstall(self) -> None:
+        with self._lock:
+            for name in reversed(list(self._applied)):
+                self._revert(name)
+            self._holds = dict.fromkeys(GROUPS, 0)
+
+    def _apply(self, fix: Fix) -> None:
+        applied = []
+        for patch in fix.patches:
+            raw = vars(patch.owner).get(patch.name, _MISSING)
+            current = raw if raw is not _MISSING else getattr(patch.owner, patch.name)
+            replacement = patch.wrap(current)
+            setattr(patch.owner, patch.name, replacement)
+            if patch.after is not None:
+                patch.after(getattr(patch.owner, patch.name))
+            applied.append(_Applied(patch, raw))
+        self._applied[fix.name] = applied
+        logger.debug("hybridpar: installed Keras/TF fix %s", fix.name)
+
+    def _revert(self, name: str) -> None:
+        for applied in reversed(self._applied.pop(name)):
+            patch = applied.patch
+            if applied.original is _MISSING:
+                delattr(patch.owner, patch.name)
+            else:
+                setattr(patch.owner, patch.name, applied.original)
+            if patch.after is not None:
+                patch.after(getattr(patch.owner, patch.name))
+        logger.debug("hybridpar: removed Keras/TF fix %s", name)
+
+
+_registry = _Registry()
+
+
+def register(fix: Fix) -> Fix:
+    """Makes ``fix`` known; it is applied whenever its group is held."""
+    return _registry.register(fix)
+
+
+def hold(group: str, owner: Any) -> None:
+    """Installs ``group`` until ``owner`` is garbage-collected."""
+    _registry.acquire(group)
+    weakref.finalize(owner, _registry.release, group)
+
+
+@contextlib.contextmanager
+def holding(group: str) -> Iterator[None]:
+    """Installs ``group`` for the duration of the block."""
+    _registry.acquire(group)
+    try:
+        yield
+    finally:
+        _registry.release(group)
+
+
+def installed() -> list[Fix]:
+    """The fixes whose patches are in place now, in the order they were applied."""
+    return _registry.installed()
+
+
+def is_installed(fix: Fix) -> bool:
+    """True while ``fix``'s patches are in place."""
+    return _registry.is_installed(fix)
+
+
+def known() -> list[Fix]:
+    """Every fix hybridpar has, installed or not."""
+    return _registry.fixes()
+
+
+def uninstall() -> None:
+    """Restores every original Keras/TensorFlow attribute hybridpar replaced.
+
+    Strategies built afterwards install their fixes again; strategies and
+    models built before keep working only through what their own classes
+    override (their Keras-level fixes are gone).
+    """
+    _registry.uninstall()

@@ -1,0 +1,34 @@
+"""The declarative configuration: ``StrategyConfig`` and its sections (pure Python).
+
+``engine`` is the typed-dataclass machinery (strict keys, did-you-mean, dotted
+overrides, YAML lines); ``sections`` declares the sections the contract
+promises; ``devices`` parses device names.
+"""
+
+from hybridpar.config.engine import did_you_mean
+from hybridpar.config.sections import (
+    CheckpointConfig,
+    CommunicationConfig,
+    DataConfig,
+    DataParallelConfig,
+    ModelParallelConfig,
+    ParameterServerConfig,
+    PartitionerConfig,
+    StrategyConfig,
+    TrainConfig,
+    check_batch_divides,
+)
+
+__all__ = [
+    "CheckpointConfig",
+    "CommunicationConfig",
+    "DataConfig",
+    "DataParallelConfig",
+    "ModelParallelConfig",
+    "ParameterServerConfig",
+    "PartitionerConfig",
+    "StrategyConfig",
+    "TrainConfig",
+    "check_batch_divides",
+    "did_you_mean",
+]

@@ -1,0 +1,416 @@
+"""The declarative strategy configuration (pure Python, no TensorFlow).
+
+One ``StrategyConfig`` holds nested, typed, frozen sections. Every way of
+making one (``from_yaml``, ``from_dict``, ``override`` or the constructors)
+goes through the same checks: unknown keys are refused with a did-you-mean,
+values are type-checked and range-checked per field, and cross-field rules
+run on the whole config. Checks against the devices and cluster that exist
+are separate (``hybridpar.topology.plan``) and run inside ``hybridpar.scope()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+
+from hybridpar.config.devices import canonical_device
+from hybridpar.config.engine import (
+    Section,
+    build_section,
+    dotted_keys,
+    line_of_error,
+    positive,
+    require,
+    set_dotted,
+)
+from hybridpar.errors import ConfigError
+
+Mode = Literal["auto", "none", "mirrored", "multi_worker", "parameter_server"]
+ShardPolicy = Literal["auto", "file", "data", "off"]
+Implementation = Literal["auto", "ring", "nccl"]
+Compression = Literal["none", "fp16", "bf16"]
+PartitionerKind = Literal["fixed", "min_size"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataParallelConfig(Section):
+    """How replicas are formed.
+
+    Attributes:
+        mode: ``auto`` picks from TF_CONFIG and the local devices.
+        devices: local devices to use; ``None`` means every local accelerator,
+            or every (logical) CPU when there is none.
+    """
+
+    PATH: ClassVar[str] = "data_parallel"
+    mode: Mode = "auto"
+    devices: tuple[str, ...] | None = None
+
+    def validate(self) -> None:
+        if self.devices is None:
+            return
+        require(
+            len(self.devices) > 0,
+            "data_parallel.devices must list at least one device, or be null for all "
+            "local devices. Received: data_parallel.devices=[].",
+        )
+        canonical = [canonical_device(d) for d in self.devices]
+        duplicates = sorted({d for d in canonical if canonical.count(d) > 1})
+        require(
+            not duplicates,
+            f"data_parallel.devices lists a device twice: {', '.join(duplicates)}. "
+            f"Received: data_parallel.devices={list(self.devices)}.",
+        )
+        object.__setattr__(self, "devices", tuple(canonical))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelParallelConfig(Section):
+    """Model-parallel stages inside each replica.
+
+    Attributes:
+        stages: devices per replica; replicas = devices / stages.
+        placement: regex (searched in the layer name) -> stage index.
+        microbatches: pipeline microbatches per replica batch.
+    """
+
+    PATH: ClassVar[str] = "model_parallel"
+    stages: int = 1
+    placement: dict[str, int] = dataclasses.field(default_factory=dict)
+    microbatches: int = 1
+
+    def validate(self) -> None:
+        positive("model_parallel.stages", self.stages)
+        positive("model_parallel.microbatches", self.microbatches)
+        for pattern, stage in self.placement.items():
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ConfigError(
+                    f"model_parallel.placement key is not a valid regular expression "
+                    f"({err}). Received: {pattern!r}."
+                ) from None
+            require(
+                0 <= stage < self.stages,
+                f"model_parallel.placement[{pattern!r}] names stage {stage}, but "
+                f"model_parallel.stages={self.stages} allows stages 0..{self.stages - 1}. "
+                "Raise model_parallel.stages or fix the index.",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(Section):
+    """Input batching and sharding.
+
+    Attributes:
+        global_batch_size: examples per step summed over all replicas.
+        shard_policy: how input is split across workers.
+    """
+
+    PATH: ClassVar[str] = "data"
+    global_batch_size: int | None = None
+    shard_policy: ShardPolicy = "auto"
+
+    def validate(self) -> None:
+        positive("data.global_batch_size", self.global_batch_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig(Section):
+    """Periodic checkpoints and backup/restore.
+
+    Attributes:
+        dir: where checkpoints go; ``None`` disables checkpointing.
+        every_steps: save every N optimizer steps (``None``: not by steps).
+        every_epochs: save every N epochs (``None``: not by epochs).
+        keep: how many checkpoints to keep.
+        backup_and_restore: resume an interrupted run from ``dir``.
+    """
+
+    PATH: ClassVar[str] = "checkpoint"
+    dir: str | None = None
+    every_steps: int | None = None
+    every_epochs: int | None = 1
+    keep: int = 3
+    backup_and_restore: bool = True
+
+    def validate(self) -> None:
+        positive("checkpoint.every_steps", self.every_steps)
+        positive("checkpoint.every_epochs", self.every_epochs)
+        positive("checkpoint.keep", self.keep)
+        require(
+            self.dir is None or self.every_steps is not None or self.every_epochs is not None,
+            f"checkpoint.dir={self.dir!r} is set but checkpoint.every_steps and "
+            "checkpoint.every_epochs are both null, so nothing would be saved. Set one.",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionerConfig(Section):
+    """How large variables are split across parameter servers.
+
+    Attributes:
+        kind: ``fixed`` (exactly ``shards`` shards) or ``min_size`` (shards of
+            at least ``min_shard_bytes``, at most ``max_shards``).
+    """
+
+    PATH: ClassVar[str] = "parameter_server.partitioner"
+    kind: PartitionerKind = "fixed"
+    shards: int | None = None
+    min_shard_bytes: int | None = None
+    max_shards: int | None = None
+
+    def validate(self) -> None:
+        path = self.PATH
+        if self.kind == "fixed":
+            require(
+                self.shards is not None and self.shards >= 1,
+                f"{path} kind 'fixed' needs shards >= 1. Received: shards={self.shards!r}.",
+            )
+            require(
+                self.min_shard_bytes is None and self.max_shards is None,
+                f"{path} kind 'fixed' takes only 'shards'; min_shard_bytes and max_shards "
+                "belong to kind 'min_size'.",
+            )
+        else:
+            positive(f"{path}.min_shard_bytes", self.min_shard_bytes)
+            require(
+                self.max_shards is not None and self.max_shards >= 1,
+                f"{path} kind 'min_size' needs max_shards >= 1. "
+                f"Received: max_shards={self.max_shards!r}.",
+            )
+            require(
+                self.shards is None,
+                f"{path} kind 'min_size' does not take 'shards'; use max_shards.",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterServerConfig(Section):
+    """Parameter-server options."""
+
+    PATH: ClassVar[str] = "parameter_server"
+    partitioner: PartitionerConfig | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CommunicationConfig(Section):
+    """Collective communication between replicas.
+
+    Attributes:
+        implementation: all-reduce implementation.
+        compression: gradient compression on the wire.
+        timeout_seconds: collective timeout, so a dead peer raises an error
+            instead of hanging (``None``: TensorFlow's default, no timeout).
+    """
+
+    PATH: ClassVar[str] = "communication"
+    implementation: Implementation = "auto"
+    compression: Compression = "none"
+    timeout_seconds: float | None = None
+
+    def validate(self) -> None:
+        require(
+            self.timeout_seconds is None or self.timeout_seconds > 0,
+            "communication.timeout_seconds must be > 0 or null. "
+            f"Received: communication.timeout_seconds={self.timeout_seconds!r}.",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(Section):
+    """What ``hybridpar train`` trains; unused by ``hybridpar.scope()``.
+
+    Attributes:
+        model: name of a model in ``hybridpar_models``.
+        dataset: a tensorflow-datasets name (``hybridpar_digits`` is embedded).
+        data_dir: tfds data directory (``None``: tfds's default).
+        train_split: tfds split to train on.
+        eval_split: tfds split to evaluate on after training (``None``: skip).
+        epochs: training epochs.
+        steps_per_epoch: steps per epoch (``None``: one pass over the data).
+        optimizer: a Keras optimizer name.
+        learning_rate: the optimizer's learning rate.
+        shuffle: shuffle the training examples every epoch.
+        seed: seed for weights, shuffling and dropout.
+        timeline_steps: record the pipeline schedule of this many steps and
+            write ``timeline.png`` and ``timeline.trace.json`` (0: don't).
+    """
+
+    PATH: ClassVar[str] = "train"
+    model: str = "digits_mlp"
+    dataset: str = "hybridpar_digits"
+    data_dir: str | None = None
+    train_split: str = "train"
+    eval_split: str | None = "test"
+    epochs: int = 3
+    steps_per_epoch: int | None = None
+    optimizer: str = "adam"
+    learning_rate: float = 0.001
+    shuffle: bool = True
+    seed: int = 0
+    timeline_steps: int = 0
+
+    def validate(self) -> None:
+        positive("train.epochs", self.epochs)
+        require(
+            self.timeline_steps >= 0,
+            f"train.timeline_steps must be >= 0. Received: {self.timeline_steps}.",
+        )
+        positive("train.steps_per_epoch", self.steps_per_epoch)
+        require(
+            self.learning_rate > 0,
+            f"train.learning_rate must be > 0. Received: train.learning_rate={self.learning_rate}.",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyConfig(Section):
+    """The whole hybridpar configuration.
+
+    Build it with ``from_yaml``, ``from_dict`` or the constructor; derive
+    variants with ``override``. Instances are immutable.
+    """
+
+    PATH: ClassVar[str] = ""
+    data_parallel: DataParallelConfig = dataclasses.field(default_factory=DataParallelConfig)
+    model_parallel: ModelParallelConfig = dataclasses.field(default_factory=ModelParallelConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    parameter_server: ParameterServerConfig = dataclasses.field(
+        default_factory=ParameterServerConfig
+    )
+    communication: CommunicationConfig = dataclasses.field(default_factory=CommunicationConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+
+    def validate(self) -> None:
+        """Cross-field rules that need no knowledge of the runtime."""
+        mode = self.data_parallel.mode
+        stages = self.model_parallel.stages
+        microbatches = self.model_parallel.microbatches
+        batch = self.data.global_batch_size
+        if batch is not None:
+            require(
+                batch % microbatches == 0,
+                f"data.global_batch_size={batch} is not divisible by "
+                f"model_parallel.microbatches={microbatches}. Each replica batch is split "
+                "into microbatches, so choose a batch that is a multiple of it.",
+            )
+        devices = self.data_parallel.devices
+        if devices is not None:
+            require(
+                len(devices) % stages == 0,
+                f"data_parallel.devices lists {len(devices)} devices, which do not divide "
+                f"into model_parallel.stages={stages} stages per replica. List a multiple "
+                f"of {stages} devices.",
+            )
+            replicas = len(devices) // stages
+            require(
+                not (mode == "none" and replicas > 1),
+                f"data_parallel.mode='none' trains one replica, but data_parallel.devices "
+                f"lists {len(devices)} devices for model_parallel.stages={stages}. Use "
+                "mode 'mirrored' for data parallelism, or list one device per stage.",
+            )
+            if batch is not None:
+                check_batch_divides(batch, replicas, microbatches)
+        partitioner = self.parameter_server.partitioner
+        require(
+            partitioner is None or mode in ("auto", "parameter_server"),
+            f"parameter_server.partitioner is set but data_parallel.mode={mode!r}; "
+            "partitioners only apply in mode 'parameter_server'. Remove it or change mode.",
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> StrategyConfig:
+        """Builds a config from nested plain data (as parsed from YAML).
+
+        Raises:
+            ConfigError: on unknown keys, wrong types or invalid values.
+        """
+        if data is None:
+            return cls()
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                "A hybridpar config must be a mapping of sections "
+                f"({', '.join(f.name for f in dataclasses.fields(cls))}). "
+                f"Received: {type(data).__name__} {data!r}."
+            )
+        return build_section(cls, data, "")
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> StrategyConfig:
+        """Reads a YAML config file.
+
+        Raises:
+            ConfigError: naming the file (and line, where known) when the file
+                is missing, does not parse, or holds an invalid config.
+        """
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise ConfigError(
+                f"Cannot read config file {str(path)!r}: {err.strerror or err}. "
+                "Pass the path of a YAML file such as configs/quickstart.yaml."
+            ) from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+            problem = getattr(err, "problem", None) or str(err)
+            raise ConfigError(f"{where}: YAML does not parse: {problem}.") from None
+        try:
+            return cls.from_dict(data)
+        except ConfigError as err:
+            line = line_of_error(text, str(err))
+            where = f"{path}:{line}" if line else str(path)
+            raise ConfigError(f"{where}: {err}") from None
+
+    def to_yaml(self) -> str:
+        """Returns YAML text that ``from_yaml`` reads back to an equal config."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def override(self, overrides: Mapping[str, Any]) -> StrategyConfig:
+        """Returns a copy with dotted keys replaced, e.g. ``{"data.global_batch_size": 256}``.
+
+        A section key given a mapping (``{"data": {...}}``) updates only the
+        keys in that mapping.
+
+        Raises:
+            ConfigError: for an unknown key (with a did-you-mean) or an invalid value.
+        """
+        tree = self.to_dict()
+        for dotted, value in overrides.items():
+            set_dotted(tree, type(self), dotted, value)
+        return type(self).from_dict(tree)
+
+    @staticmethod
+    def keys() -> list[str]:
+        """Every dotted key a config accepts."""
+        return dotted_keys(StrategyConfig, "")
+
+
+def check_batch_divides(global_batch: int, replicas: int, microbatches: int) -> None:
+    """Raises ConfigError unless the global batch splits into replicas and microbatches."""
+    require(
+        global_batch % replicas == 0,
+        f"data.global_batch_size={global_batch} does not divide evenly across "
+        f"{replicas} replicas. Use a multiple of {replicas}, e.g. "
+        f"{max(replicas, global_batch // replicas * replicas)}.",
+    )
+    per_replica = global_batch // replicas
+    require(
+        per_replica % microbatches == 0,
+        f"The per-replica batch {per_replica} (data.global_batch_size={global_batch} / "
+        f"{replicas} replicas) is not divisible by model_parallel.microbatches="
+        f"{microbatches}. Use a global batch that is a multiple of "
+        f"{replicas * microbatches}.",
+    )
+
+

@@ -1,0 +1,57 @@
+"""A real local multi-process TensorFlow cluster: ``hybridpar launch`` and ``hybridpar tf-config``.
+
+``hybridpar launch --workers N [--ps M] [--max-restarts K] [--timeout S] -- CMD [ARGS...]``
+picks free localhost ports, starts one process per task running CMD with its own
+``TF_CONFIG``, re-prints every output line prefixed with the task (``[worker:1] ...``),
+stops the whole cluster when a task fails (SIGTERM to each task's process group,
+SIGKILL after a grace period) and can start it again on new ports.
+
+In parameter-server mode (``--ps M``) the chief's exit ends the cluster; a failed
+worker is restarted alone at its address (the coordinator takes it back) while
+restarts are left, else the other workers go on; a lost ps task is left to the
+chief to report. ``--max-restarts`` counts both kinds of restart.
+
+``hybridpar tf-config --workers h1:p,h2:p [--chief h:p] [--ps h:p,...] --type T --index I``
+prints the ``TF_CONFIG`` JSON to set on each machine of a real cluster.
+
+Exit codes of ``launch``: 0 when every task (in parameter-server mode: the chief)
+exited 0; else the code of the first task that failed (128+signum for a task killed
+by a signal, 42 for a task preempted by SIGTERM after saving a checkpoint); 124 on
+``--timeout``; 128+signum when the launcher itself got SIGINT (130), SIGTERM (143) or
+SIGHUP (129); 127/126 when CMD cannot be started; 2 for bad command-line input. No
+TensorFlow here: the package is plain Python.
+
+Modules: ``tasks`` (layout, environments, exit policies; pure), ``ports``
+(addresses and free ports; pure), ``processes`` (the children of one run),
+``local`` (the run-and-restart loop), ``args`` (the command lines).
+"""
+
+from __future__ import annotations
+
+from hybridpar.exit_codes import PREEMPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, USAGE_EXIT_CODE
+from hybridpar.launch.args import (
+    LaunchOptions,
+    main,
+    parse_launch_args,
+    tf_config_from_args,
+    tf_config_main,
+)
+from hybridpar.launch.local import launch
+from hybridpar.launch.tasks import Outcome, UsageError, task_layout
+from hybridpar.topology.cluster import Task
+
+__all__ = [
+    "PREEMPTED_EXIT_CODE",
+    "TIMEOUT_EXIT_CODE",
+    "USAGE_EXIT_CODE",
+    "LaunchOptions",
+    "Outcome",
+    "Task",
+    "UsageError",
+    "launch",
+    "main",
+    "parse_launch_args",
+    "task_layout",
+    "tf_config_from_args",
+    "tf_config_main",
+]

@@ -1,0 +1,130 @@
+"""Microbatches: GPipe-style pipelining over stages, and gradient accumulation.
+
+With ``model_parallel.microbatches: M`` each replica's batch is split into M
+microbatches (sizes differing by at most one, so a final partial batch
+splits too). Each runs forward and backward on its own tape; the gradients
+are summed, each microbatch's loss weighted by its share of the examples,
+and applied once, so a step is numerically the unsplit step.
+
+* With stages > 1 nothing orders the microbatches: TensorFlow runs an op as
+  soon as its inputs are ready, on the op's device, so stage 1 works on
+  microbatch i while stage 0 works on microbatch i + 1 (the GPipe schedule;
+  a microbatch's backward may start before the last forward, as in 1F1B).
+* With one stage the microbatches run one after another (each waits for the
+  previous one's gradients): gradient accumulation, a large batch in the
+  memory of a small one.
+
+Layers whose output depends on the whole batch see one microbatch at a
+time: BatchNormalization normalises each microbatch with its own statistics
+and updates its moving statistics once per microbatch (M times per step), as
+in GPipe.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras.src.losses import loss as keras_loss
+from keras.src.trainers.data_adapters import data_adapter_utils
+
+
+def microbatch_scope_name(index: int) -> str:
+    """The TF name scope of microbatch ``index``'s forward and backward ops."""
+    return f"microbatch{index}"
+
+
+def _first_tensor(structure: Any) -> tf.Tensor:
+    return next(t for t in tf.nest.flatten(structure) if t is not None)
+
+
+def split_batch(structure: Any, microbatches: int) -> list[Any]:
+    """Splits every tensor of ``structure`` along axis 0 into ``microbatches``
+    parts whose sizes differ by at most one (larger ones first)."""
+    total = tf.shape(_first_tensor(structure))[0]
+    base, extra = total // microbatches, total % microbatches
+    sizes = base + tf.cast(tf.range(microbatches) < extra, total.dtype)
+
+    def split(tensor: Any) -> list[Any]:
+        if tensor is None:
+            return [None] * microbatches
+        return tf.split(tensor, sizes, num=microbatches, axis=0)
+
+    pieces = [split(tensor) for tensor in tf.nest.flatten(structure)]
+    return [
+        tf.nest.pack_sequence_as(structure, [parts[index] for parts in pieces])
+        for index in range(microbatches)
+    ]
+
+
+def _add(total: Any, gradient: Any) -> Any:
+    """Sums two gradients on the device that computed them (the stage's)."""
+    if total is None or gradient is None:
+        return gradient if total is None else total
+    with tf.device(gradient.device):
+        if isinstance(total, tf.IndexedSlices) and isinstance(gradient, tf.IndexedSlices):
+            return tf.IndexedSlices(
+                tf.concat([total.values, gradient.values], 0),
+                tf.concat([total.indices, gradient.indices], 0),
+                total.dense_shape,
+            )
+        return tf.convert_to_tensor(total) + tf.convert_to_tensor(gradient)
+
+
+def _waits_for(tensors: list[Any], structure: Any) -> Any:
+    """``structure`` with each tensor made to wait for ``tensors``."""
+    with tf.control_dependencies(tensors):
+        return tf.nest.map_structure(lambda t: None if t is None else tf.identity(t), structure)
+
+
+def train_step(model: keras.Model, data: Any, microbatches: int, sequential: bool) -> Any:
+    """Keras's ``train_step`` over ``microbatches`` microbatches.
+
+    It follows Keras 3.15's own ``TensorFlowTrainer.train_step`` (the loss
+    through ``_compute_loss``, the loss tracker, ``optimizer.scale_loss``,
+    ``compute_metrics``), so that a microbatched step reports and updates
+    what the unsplit one does.
+
+    Args:
+        model: the model being trained.
+        data: one replica's batch, as Keras passes it.
+        microbatches: the number of microbatches.
+        sequential: run the microbatches one after another (gradient
+            accumulation) instead of letting the stages overlap them.
+
+    Returns:
+        The metrics, as Keras's ``train_step`` returns them.
+    """
+    x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+    total = tf.cast(tf.shape(_first_tensor(x))[0], tf.float32)
+    weights = model.trainable_weights
+    accumulated: list[Any] = [None] * len(weights)
+    predictions = []
+    previous: list[Any] = []
+    for index, (xi, yi, wi) in enumerate(split_batch((x, y, sample_weight), microbatches)):
+        if previous:
+            xi = _waits_for(previous, xi)
+        with tf.name_scope(microbatch_scope_name(index)):
+            with tf.GradientTape() as tape:
+                y_pred = model(xi, training=True) if model._call_has_training_arg else model(xi)
+                loss = model._compute_loss(
+                    x=xi, y=yi, y_pred=y_pred, sample_weight=wi, training=True
+                )
+                size = tf.shape(_first_tensor(xi))[0]
+                model._loss_tracker.update_state(
+                    keras_loss.unscale_loss_for_distribution(loss), sample_weight=size
+                )
+                loss = loss * tf.cast(tf.cast(size, tf.float32) / total, loss.dtype)
+                if model.optimizer is not None:
+                    loss = model.optimizer.scale_loss(loss)
+            gradients = tape.gradient(loss, weights)
+        accumulated = [_add(a, g) for a, g in zip(accumulated, gradients, strict=True)]
+        predictions.append(y_pred)
+        if sequential:
+            previous = [g.values if isinstance(g, tf.IndexedSlices) else g
+                        for g in gradients if g is not None]
+    if weights:
+        model.optimizer.apply_gradients(zip(accumulated, weights, strict=True))
+    y_pred = tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *predictions)
+    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)

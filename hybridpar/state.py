@@ -1,0 +1,101 @@
+"""The state each strategy hybridpar builds carries, and how fixes recognise such strategies.
+
+Every ``tf.distribute`` strategy hybridpar builds is an instance of one of its
+own subclasses (``hybridpar.strategies``), all deriving from ``OwnedStrategy``
+and carrying one ``StrategyState``. The Keras fixes (``hybridpar.compat``)
+act only where ``state_of(strategy)`` is not ``None``; anything else runs
+Keras's and TensorFlow's own code. Pure Python: no TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hybridpar.config import StrategyConfig
+    from hybridpar.parallel.staging import StagePlacer
+    from hybridpar.topology.cluster import ClusterInfo
+    from hybridpar.topology.plan import Plan
+
+
+@dataclasses.dataclass(eq=False)
+class StrategyState:
+    """Everything hybridpar keeps about one of its strategies.
+
+    Attributes:
+        config: the config the strategy was built from.
+        plan: mode, device mesh and worker count, checked against the runtime.
+        cluster: the TF_CONFIG cluster, or ``None`` for a single process.
+        placer: where each model-parallel stage's variables and ops go.
+        runner: in parameter-server mode, what runs ``fit``/``evaluate``/
+            ``predict`` on the chief (``None`` elsewhere).
+        preemption: the preemption watcher, once ``fit`` created one.
+    """
+
+    config: StrategyConfig
+    plan: Plan
+    cluster: ClusterInfo | None
+    placer: StagePlacer
+    runner: Any = None
+    preemption: Any = None
+
+    @property
+    def mode(self) -> str:
+        """``none``, ``mirrored``, ``multi_worker`` or ``parameter_server``."""
+        return self.plan.mode
+
+    @property
+    def stages(self) -> int:
+        """Model-parallel stages per replica."""
+        return self.plan.mesh.stages
+
+    @property
+    def microbatches(self) -> int:
+        """Pipeline microbatches per replica batch."""
+        return self.config.model_parallel.microbatches
+
+    @property
+    def global_batch_size(self) -> int | None:
+        """``data.global_batch_size``: examples per step over all replicas, if set."""
+        return self.config.data.global_batch_size
+
+    @property
+    def is_chief(self) -> bool:
+        """True for the process that writes logs, checkpoints and saved models."""
+        return self.cluster is None or self.cluster.is_chief
+
+    def output_dir(self, path: str | os.PathLike) -> Path:
+        """Where this process writes files meant for ``path``.
+
+        The chief writes to ``path`` itself; every other worker gets a private
+        temporary directory, removed when the process exits, so logs, saved
+        models and checkpoints come from the chief only and workers never
+        collide on a shared file system.
+        """
+        if self.is_chief:
+            return Path(path)
+        task = f"{self.cluster.task_type}-{self.cluster.task_index}" if self.cluster else "task"
+        private = Path(tempfile.mkdtemp(prefix=f"hybridpar-{task}-"))
+        atexit.register(shutil.rmtree, private, ignore_errors=True)
+        return private
+
+
+class OwnedStrategy:
+    """Base of every ``tf.distribute.Strategy`` subclass hybridpar builds.
+
+    Subclasses set ``hybridpar_state`` before their ``tf.distribute``
+    initialiser runs.
+    """
+
+    hybridpar_state: StrategyState
+
+
+def state_of(strategy: Any) -> StrategyState | None:
+    """The state of a strategy hybridpar built, or ``None`` for any other object."""
+    return strategy.hybridpar_state if isinstance(strategy, OwnedStrategy) else None

@@ -1,0 +1,65 @@
+"""The strategy a checked config asks for, one builder per mode."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from hybridpar.compat import check_versions, hold
+from hybridpar.config.devices import device_kind
+from hybridpar.errors import ConfigError
+from hybridpar.state import StrategyState
+from hybridpar.strategies import multi_worker, parameter_server
+from hybridpar.strategies.mirrored import HybridMirroredStrategy, HybridOneDeviceStrategy
+
+logger = logging.getLogger("hybridpar")
+
+
+def _one_device(state: StrategyState) -> tf.distribute.Strategy:
+    return HybridOneDeviceStrategy(state, state.plan.mesh.devices[0])
+
+
+def _mirrored(state: StrategyState) -> tf.distribute.Strategy:
+    devices = state.plan.mesh.stage_devices(0)
+    implementation = state.config.communication.implementation
+    if implementation == "nccl" and any(device_kind(d) != "GPU" for d in devices):
+        raise ConfigError(
+            "communication.implementation='nccl' needs GPU devices only, but the replicas "
+            f"run on {', '.join(devices)}. Use 'auto' or 'ring'."
+        )
+    return HybridMirroredStrategy(state, devices, ring=implementation == "ring")
+
+
+BUILDERS: dict[str, Callable[[StrategyState], tf.distribute.Strategy]] = {
+    "none": _one_device,
+    "mirrored": _mirrored,
+    "multi_worker": multi_worker.build,
+    "parameter_server": parameter_server.build,
+}
+
+
+def build_strategy(state: StrategyState) -> tf.distribute.Strategy:
+    """Builds the strategy for ``state`` and installs the Keras fixes it needs while it lives.
+
+    Raises:
+        ConfigError: when the strategy cannot be built for this runtime.
+        RuntimeError: on a TensorFlow/Keras line the fixes were not verified on.
+    """
+    check_versions()
+    strategy = BUILDERS[state.mode](state)
+    hold("core", strategy)
+    if state.stages > 1:
+        hold("stages", strategy)
+    if state.mode == "parameter_server":
+        hold("parameter_server", strategy)
+    logger.info(
+        "hybridpar: mode=%s replicas=%d stages=%d microbatches=%d devices=%s",
+        state.mode,
+        strategy.num_replicas_in_sync,
+        state.stages,
+        state.microbatches,
+        ",".join(state.plan.mesh.devices),
+    )
+    return strategy

@@ -1,0 +1,173 @@
+"""Checks a config against the runtime and decides the layout (pure Python).
+
+``make_plan`` is the second, explicit check that ``hybridpar.scope()`` runs
+before it builds any strategy: the devices must exist, replicas x stages must
+fit in them, and the global batch must divide over the replicas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from hybridpar.config import StrategyConfig, check_batch_divides
+from hybridpar.config.devices import canonical_device, device_kind
+from hybridpar.errors import ConfigError, RuntimeMismatchError
+from hybridpar.topology.cluster import ClusterInfo
+from hybridpar.topology.mesh import DeviceMesh
+from hybridpar.topology.ps_cluster import check_cluster
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What ``scope()`` will build.
+
+    Attributes:
+        mode: the resolved mode (never ``auto``).
+        mesh: the local devices as replicas x stages.
+        num_workers: training processes in the cluster (1 without TF_CONFIG).
+        explicit_devices: True when the user listed the devices.
+    """
+
+    mode: str
+    mesh: DeviceMesh
+    num_workers: int = 1
+    explicit_devices: bool = False
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas in sync across the whole cluster."""
+        return self.mesh.replicas * self.num_workers
+
+
+def resolve_mode(config: StrategyConfig, cluster: ClusterInfo | None, local_replicas: int) -> str:
+    """Resolves ``mode: auto``: ps tasks -> parameter_server; several workers ->
+    multi_worker; several local replicas -> mirrored; else none."""
+    mode = config.data_parallel.mode
+    if mode != "auto":
+        return mode
+    if cluster is not None and cluster.num_ps > 0:
+        return "parameter_server"
+    if cluster is not None and cluster.num_workers > 1:
+        return "multi_worker"
+    return "mirrored" if local_replicas > 1 else "none"
+
+
+def select_devices(config: StrategyConfig, available: Sequence[str]) -> tuple[str, ...]:
+    """Chooses the local devices from the config and those that exist.
+
+    ``devices: null`` means every local GPU (or TPU), else every logical CPU.
+
+    Raises:
+        RuntimeMismatchError: listing the devices that exist when a configured
+            device is missing.
+    """
+    available = tuple(canonical_device(d) for d in available)
+    wanted = config.data_parallel.devices
+    if wanted is not None:
+        missing = [d for d in wanted if d not in available]
+        if missing:
+            raise RuntimeMismatchError(
+                f"data_parallel.devices names {', '.join(missing)}, which this process "
+                f"does not have. Devices that exist: {', '.join(available)}. Fix "
+                "data_parallel.devices, or set it to null to use every local device "
+                "(on a CPU-only machine, hybridpar.testing.use_logical_cpus(n) or "
+                "`hybridpar train --logical_cpus n` makes n logical CPU devices)."
+            )
+        return tuple(wanted)
+    for kind in ("GPU", "TPU"):
+        accelerators = tuple(d for d in available if device_kind(d) == kind)
+        if accelerators:
+            return accelerators
+    return tuple(d for d in available if device_kind(d) == "CPU")
+
+
+def _multi_worker_devices(config: StrategyConfig, selected: tuple[str, ...]) -> tuple[str, ...]:
+    """The local devices of a worker under MultiWorkerMirroredStrategy.
+
+    With one stage, MultiWorkerMirroredStrategy trains on every local GPU, else
+    on CPU:0. With S stages each worker runs one model-parallel replica on its
+    first S local devices.
+    """
+    stages = config.model_parallel.stages
+    gpus = tuple(d for d in selected if device_kind(d) == "GPU")
+    if stages == 1:
+        devices = gpus or ("/device:CPU:0",)
+    elif gpus:
+        raise RuntimeMismatchError(
+            f"data_parallel.mode='multi_worker' with model_parallel.stages={stages} runs one "
+            "model-parallel replica per worker, but MultiWorkerMirroredStrategy makes every "
+            f"local GPU a replica ({', '.join(gpus)} here); hybridpar cannot yet restrict it "
+            "to one. Use stages=1 on multi-GPU workers, or mode 'mirrored' on one host."
+        )
+    else:
+        devices = selected[:stages]
+    if config.data_parallel.devices is not None and tuple(config.data_parallel.devices) != devices:
+        raise RuntimeMismatchError(
+            f"data_parallel.mode='multi_worker' trains on {', '.join(devices)} here (every "
+            "local GPU, or CPU:0, or the first model_parallel.stages devices), but "
+            f"data_parallel.devices lists {', '.join(config.data_parallel.devices)}. Set "
+            "data_parallel.devices to null (or to exactly those devices)."
+        )
+    return devices
+
+
+def make_plan(
+    config: StrategyConfig, available: Sequence[str], cluster: ClusterInfo | None = None
+) -> Plan:
+    """Checks ``config`` against the runtime and returns the layout to build.
+
+    Args:
+        config: a validated config.
+        available: names of the local (logical) devices that exist.
+        cluster: the cluster from TF_CONFIG, if any.
+
+    Raises:
+        RuntimeMismatchError: when devices are missing or too few, or the batch
+            does not divide over the replicas.
+    """
+    devices = select_devices(config, available)
+    stages = config.model_parallel.stages
+    if len(devices) < stages:
+        raise RuntimeMismatchError(
+            f"model_parallel.stages={stages} needs at least {stages} devices, but only "
+            f"{len(devices)} are available: {', '.join(devices)}. Lower "
+            "model_parallel.stages or add devices."
+        )
+    explicit = config.data_parallel.devices is not None
+    if not explicit:
+        devices = devices[: len(devices) - len(devices) % stages]
+    mode = resolve_mode(config, cluster, len(devices) // stages)
+    if mode == "none":
+        if explicit and len(devices) > stages:
+            raise RuntimeMismatchError(
+                f"data_parallel.mode='none' trains one replica on {stages} device(s), but "
+                f"data_parallel.devices lists {len(devices)}. Use mode 'mirrored'."
+            )
+        devices = devices[:stages]
+    if mode == "multi_worker":
+        devices = _multi_worker_devices(config, devices)
+    if mode == "parameter_server":
+        check_cluster(cluster, config)
+        parallel = config.model_parallel
+        if parallel.stages > 1 or parallel.microbatches > 1:
+            raise ConfigError(
+                "data_parallel.mode='parameter_server' trains whole models on each worker; "
+                "model-parallel stages and microbatches are not available with it. Received: "
+                f"model_parallel.stages={parallel.stages}, "
+                f"model_parallel.microbatches={parallel.microbatches}. Set both to 1, or use "
+                "mode 'mirrored' or 'multi_worker'."
+            )
+    mesh = DeviceMesh(devices, stages)
+    num_workers = cluster.num_workers if cluster is not None and mode == "multi_worker" else 1
+    plan = Plan(mode=mode, mesh=mesh, num_workers=num_workers, explicit_devices=explicit)
+    batch = config.data.global_batch_size
+    if batch is not None:
+        try:
+            check_batch_divides(batch, plan.num_replicas, config.model_parallel.microbatches)
+        except ConfigError as err:
+            raise RuntimeMismatchError(
+                f"{err} (replicas here: {plan.mesh.replicas} per worker on "
+                f"{', '.join(devices)} x {num_workers} worker(s))."
+            ) from None
+    return plan
