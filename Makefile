@@ -18,10 +18,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not keras_suite"
+	$(BIN)/python -m pytest -q -m keras_suite
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not multiworker"
+	$(BIN)/python -m pytest -q -m "not slow and not multiworker and not keras_suite"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Sequence
+from typing import Any
 
 VARIANTS = ("hybridpar", "raw")
 
@@ -18,3 +20,16 @@ def summarize(pairs: Sequence[dict[str, float]]) -> tuple[float, float, float]:
     hybrid = statistics.median(p["hybridpar"] for p in pairs)
     raw = statistics.median(p["raw"] for p in pairs)
     return hybrid, raw, hybrid / raw
+
+
+def parse_child_output(stdout: str) -> dict[str, Any]:
+    """The last JSON object line a child process printed.
+
+    Raises:
+        ValueError: if the child printed no JSON object line.
+    """
+    for line in reversed(stdout.splitlines()):
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            return json.loads(line)
+    raise ValueError(f"Child printed no JSON result line. Received stdout: {stdout[-500:]!r}")

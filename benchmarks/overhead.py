@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ab_pairs import VARIANTS, pair_orders, summarize  # beside this script
+from ab_pairs import VARIANTS, pair_orders, parse_child_output, summarize  # beside this script
 
 DEVICES = ("/cpu:0", "/cpu:1")
 SEED = 1234
@@ -64,19 +64,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             f"Received: --batch={args.batch} --examples={args.examples}."
         )
     return args
-
-
-def parse_child_output(stdout: str) -> dict[str, Any]:
-    """The last JSON object line a child printed.
-
-    Raises:
-        ValueError: if the child printed no JSON object line.
-    """
-    for line in reversed(stdout.splitlines()):
-        line = line.strip()
-        if line.startswith("{") and line.endswith("}"):
-            return json.loads(line)
-    raise ValueError(f"Child printed no JSON result line. Received stdout: {stdout[-500:]!r}")
 
 
 def run_child(variant: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -5,9 +5,9 @@ one exists) and registers a ``patching.Fix``. Two kinds:
 
 - overrides used by hybridpar's own strategy classes (``collective_keys``,
   ``even_batches``, ``collective_restart``, ``staged_variables``, the
-  per-replica hook of ``replica_share``, the chief-side run of
-  ``ps_routing``): they act only on strategies hybridpar built, by
-  construction;
+  per-replica hook of ``replica_share``, the leak-free all-reduce of
+  ``replica_all_reduce``, the chief-side run of ``ps_routing``): they act
+  only on strategies hybridpar built, by construction;
 - patches of Keras/TensorFlow attributes (``symbolic_build``,
   ``replica_share``, ``gradient_all_reduce``, ``metric_reduction``,
   ``unbatched_input``, ``chief_files``, ``microbatch_step``, the stage hooks
@@ -36,6 +36,7 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     metric_reduction,
     microbatch_step,
     ps_routing,
+    replica_all_reduce,
     replica_share,
     shard_views,
     sharded_embedding,

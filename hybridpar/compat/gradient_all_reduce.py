@@ -1,22 +1,24 @@
 """The gradient all-reduce of hybridpar's strategies: exact replica weights, one batch per stage.
 
-Two upstream behaviours meet in ``TFOptimizer._all_reduce_sum_gradients``
-(Keras 3.15, ``keras/src/backend/tensorflow/optimizer.py``), which sums each
-step's gradients over the replicas in one batch all-reduce:
+Keras sums each step's gradients over the replicas in one batch all-reduce
+(``TFOptimizer._all_reduce_sum_gradients``, Keras 3.15,
+``keras/src/backend/tensorflow/optimizer.py``). Under a strategy hybridpar
+built, this module does that all-reduce, correcting three upstream
+behaviours:
 
-- With ``data.global_batch_size`` (``B``) set and a dynamic batch, losses
-  were scaled by ``local / B`` (``replica_share``); the replicas' example
-  counts are summed in the same all-reduce as the gradients and the sums are
-  rescaled by ``B / total``, so every replica weighs ``local / total`` with no
-  extra collective. On full batches ``total == B`` and the factor is 1.
-- Upstream (TF 2.21, ``cross_device_ops``): one batch all-reduce of values
-  that live on different devices falls back to reducing them one by one,
-  with a warning ("Efficient batch_reduce is not supported if destinations
-  are different") on every trace. With model-parallel stages each stage's
+- Partial batches: with ``data.global_batch_size`` (``B``) set and a dynamic
+  batch, losses were scaled by ``local / B`` (``replica_share``); the
+  replicas' example counts are summed in the same all-reduce as the
+  gradients and the sums rescaled by ``B / total``, so every replica weighs
+  ``local / total`` with no extra collective. On full batches the factor is 1.
+- Stages (TF 2.21, ``cross_device_ops``): one batch all-reduce of values that
+  live on different devices falls back to reducing them one by one, with a
+  warning ("Efficient batch_reduce is not supported if destinations are
+  different") on every trace. With model-parallel stages each stage's
   gradients live on that stage's devices, so they are reduced as one batch
-  per stage. The example count goes with stage 0.
-
-Only optimizers stepping under a strategy hybridpar built take this path.
+  per stage; the example count goes with stage 0.
+- A leak: the all-reduce goes through ``replica_all_reduce``, which keeps no
+  strategy alive.
 """
 
 from __future__ import annotations
@@ -28,14 +30,13 @@ import keras
 import tensorflow as tf
 from keras.src.backend.tensorflow import optimizer as keras_tf_optimizer
 
+from hybridpar.compat import replica_all_reduce
 from hybridpar.compat.patching import Fix, Patch, register
 from hybridpar.compat.replica_share import current_share
 from hybridpar.state import StrategyState, state_of
 
 
 def _rescaled(gradient: Any, factor: tf.Tensor) -> Any:
-    if gradient is None:
-        return None
     if isinstance(gradient, tf.IndexedSlices):
         values = gradient.values * tf.cast(factor, gradient.values.dtype)
         return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
@@ -51,10 +52,10 @@ def _local_devices(variable: Any) -> frozenset[str]:
     )
 
 
-def _by_stage(original: Any, optimizer: Any, state: StrategyState, pairs: list) -> list:
-    """``original`` over the pairs, one batch per group of devices (stage)."""
+def _by_stage(state: StrategyState, pairs: list[tuple[Any, Any]]) -> list[Any]:
+    """The all-reduced gradients of ``pairs``, one batch per group of devices (stage)."""
     if state.stages == 1:
-        return original(optimizer, pairs)
+        return replica_all_reduce.all_reduce_sum([gradient for gradient, _ in pairs])
     stage_0 = frozenset(state.plan.mesh.stage_devices(0))
     groups: dict[frozenset[str], list[int]] = {}
     for index, (_, variable) in enumerate(pairs):
@@ -62,10 +63,27 @@ def _by_stage(original: Any, optimizer: Any, state: StrategyState, pairs: list) 
         groups.setdefault(key, []).append(index)
     reduced: list[Any] = [None] * len(pairs)
     for indices in groups.values():
-        group = original(optimizer, [pairs[i] for i in indices])
-        for index, pair in zip(indices, group, strict=True):
-            reduced[index] = pair
+        values = replica_all_reduce.all_reduce_sum([pairs[i][0] for i in indices])
+        for index, value in zip(indices, values, strict=True):
+            reduced[index] = value
     return reduced
+
+
+def reduce_gradients(state: StrategyState, grads_and_vars: list[tuple[Any, Any]]) -> list:
+    """Keras's gradient all-reduce for a strategy hybridpar built (see the module doc)."""
+    present = list(keras_tf_optimizer.filter_empty_gradients(grads_and_vars))
+    if not present:
+        return grads_and_vars
+    share = current_share()
+    counted = share is not None and share.nominal is not None
+    reduced = _by_stage(state, [*present, (share.local, None)] if counted else present)
+    if counted:
+        total = reduced.pop()
+        factor = tf.math.divide_no_nan(tf.constant(share.nominal, tf.float32), total)
+        reduced = [_rescaled(gradient, factor) for gradient in reduced]
+    values = iter(reduced)
+    return [(None if gradient is None else next(values), variable)
+            for gradient, variable in grads_and_vars]
 
 
 def _owned_all_reduce(original: Any) -> Any:
@@ -74,14 +92,7 @@ def _owned_all_reduce(original: Any) -> Any:
         state = state_of(tf.distribute.get_strategy())
         if state is None or tf.distribute.get_replica_context() is None:
             return original(self, grads_and_vars)
-        pairs = list(grads_and_vars)
-        share = current_share()
-        if share is None or share.nominal is None:
-            return _by_stage(original, self, state, pairs)
-        reduced = list(_by_stage(original, self, state, [*pairs, (share.local, None)]))
-        total = reduced.pop()[0]
-        factor = tf.math.divide_no_nan(tf.constant(share.nominal, tf.float32), total)
-        return [(_rescaled(gradient, factor), variable) for gradient, variable in reduced]
+        return reduce_gradients(state, list(grads_and_vars))
 
     return all_reduce_sum_gradients
 

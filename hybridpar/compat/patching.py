@@ -90,6 +90,7 @@ class _Registry:
         self._fixes: dict[str, Fix] = {}
         self._applied: dict[str, list[_Applied]] = {}
         self._holds = dict.fromkeys(GROUPS, 0)
+        self.generation = 0  # holds taken before an uninstall() release nothing
 
     def register(self, fix: Fix) -> Fix:
         with self._lock:
@@ -106,23 +107,24 @@ class _Registry:
 
     def installed(self) -> list[Fix]:
         with self._lock:
-            return [self._fixes[name] for name in self._applied]
+            return [self._fixes[name] for name in self._applied if self._fixes[name].patches]
 
     def is_installed(self, fix: Fix) -> bool:
         with self._lock:
             return fix.name in self._applied
 
-    def acquire(self, group: str) -> None:
+    def acquire(self, group: str) -> int:
         with self._lock:
             self._holds[group] += 1
             if self._holds[group] == 1:
                 for fix in self._fixes.values():
                     if fix.group == group and fix.name not in self._applied:
                         self._apply(fix)
+            return self.generation
 
-    def release(self, group: str) -> None:
+    def release(self, group: str, generation: int) -> None:
         with self._lock:
-            if self._holds[group] == 0:
+            if generation != self.generation or self._holds[group] == 0:
                 return
             self._holds[group] -= 1
             if self._holds[group] == 0:
@@ -135,6 +137,7 @@ class _Registry:
             for name in reversed(list(self._applied)):
                 self._revert(name)
             self._holds = dict.fromkeys(GROUPS, 0)
+            self.generation += 1
 
     def _apply(self, fix: Fix) -> None:
         applied = []
@@ -171,18 +174,18 @@ def register(fix: Fix) -> Fix:
 
 def hold(group: str, owner: Any) -> None:
     """Installs ``group`` until ``owner`` is garbage-collected."""
-    _registry.acquire(group)
-    weakref.finalize(owner, _registry.release, group)
+    generation = _registry.acquire(group)
+    weakref.finalize(owner, _registry.release, group, generation)
 
 
 @contextlib.contextmanager
 def holding(group: str) -> Iterator[None]:
     """Installs ``group`` for the duration of the block."""
-    _registry.acquire(group)
+    generation = _registry.acquire(group)
     try:
         yield
     finally:
-        _registry.release(group)
+        _registry.release(group, generation)
 
 
 def installed() -> list[Fix]:

@@ -36,6 +36,7 @@ from keras.src import tree
 from keras.src.losses import loss as keras_loss
 from keras.src.trainers.data_adapters import data_adapter_utils
 
+from hybridpar.compat import replica_all_reduce
 from hybridpar.compat.patching import Fix, Patch, register
 
 
@@ -52,8 +53,7 @@ class Share:
             if self.nominal is not None:
                 self._total = tf.constant(self.nominal)
             else:
-                context = tf.distribute.get_replica_context()
-                self._total = context.all_reduce("SUM", self.local)
+                (self._total,) = replica_all_reduce.all_reduce_sum([self.local])
         return self._total
 
 

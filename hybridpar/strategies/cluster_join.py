@@ -70,7 +70,7 @@ def _check_same_spec(cluster: ClusterInfo, timeout_s: int) -> None:
     """
     mine = spec_hash(cluster)
     ctx = context.context()
-    ctx.set_config_key_value(_SPEC_KEY + cluster.task, mine)
+    ctx.set_config_key_value(f"{_SPEC_KEY}{cluster.task}", mine)
     differing = []
     for job in ("chief", "worker"):
         for index in range(len(cluster.jobs.get(job, ()))):

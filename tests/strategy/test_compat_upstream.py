@@ -150,3 +150,10 @@ def test_upstream_tape_gradient_ignores_the_forward_device():
     result = run_upstream("tape_gradient_device")
     assert result["forward"] == ["/device:CPU:1"]
     assert result["backward"] == [""], "upstream now places gradients: revisit the hook"
+
+
+@pytest.mark.slow
+def test_upstream_a_strategy_that_trained_is_never_collected():
+    result = run_upstream("fit_keeps_the_strategy_alive")
+    assert result["alive"], "upstream strategies are collected now: revisit replica_all_reduce"
+    assert result["registered_gradients"] == 2  # one custom gradient per replica, never removed

@@ -212,9 +212,31 @@ def tape_gradient_device() -> dict:
     }
 
 
+def fit_keeps_the_strategy_alive() -> dict:
+    """After fit, is a MirroredStrategy collected once nothing refers to it?"""
+    import gc
+    import weakref
+
+    from tensorflow.python.framework import ops
+
+    logical_cpus(2)
+    registered = len(ops._gradient_registry._registry)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    model.fit(FEATURES, TARGETS, batch_size=8, epochs=1, verbose=0)
+    alive = weakref.ref(strategy)
+    del strategy, model
+    gc.collect()
+    return {"alive": alive() is not None,
+            "registered_gradients": len(ops._gradient_registry._registry) - registered}
+
+
 CASES = {
     f.__name__: f
     for f in (
+        fit_keeps_the_strategy_alive,
         collective_keys_collide,
         fit_passes,
         partial_batch,

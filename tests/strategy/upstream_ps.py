@@ -1,7 +1,7 @@
 """Reproduces upstream Keras behaviours with sharded variables WITHOUT hybridpar.
 
 A ParameterServerStrategy with a variable partitioner gives a Keras variable a
-``tf.distribute`` ``ShardedVariable`` as its value (DESIGN.md fact 3a; the
+``tf.distribute`` ``ShardedVariable`` as its value (the
 cluster tests check that on real ps tasks). Here the same object is built
 directly, in a fresh process, so none of hybridpar's fixes are installed.
 Each case prints one JSON line (see tests/strategy/test_compat_parameter_server.py).

@@ -18,6 +18,8 @@ import tensorflow as tf
 
 import hybridpar  # joins the TF_CONFIG cluster before the first TensorFlow op below
 
+hybridpar.log_to_stderr()  # show hybridpar's own lines: mode, sharding, checkpoints
+
 NUM_EXAMPLES = 1797
 
 

@@ -21,6 +21,8 @@ import tensorflow as tf
 import hybridpar
 from hybridpar.data.builders import clicks
 
+hybridpar.log_to_stderr()  # show hybridpar's own lines: mode, sharding, checkpoints
+
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", type=pathlib.Path, required=True)
 parser.add_argument("--epochs", type=int, default=2)

@@ -1,0 +1,126 @@
+"""The package's layout: no import cycles, readable modules, pure modules free of TensorFlow."""
+
+import ast
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "hybridpar"
+MAX_LINES = 500
+PURE_MODULES = [
+    "hybridpar.config",
+    "hybridpar.exit_codes",
+    "hybridpar.state",
+    "hybridpar.topology.cluster",
+    "hybridpar.topology.mesh",
+    "hybridpar.topology.placement",
+    "hybridpar.topology.plan",
+    "hybridpar.topology.ps_cluster",
+    "hybridpar.parallel.schedule",
+    "hybridpar.checkpoint.files",
+    "hybridpar.launch",
+]
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+    """hybridpar modules ``path`` imports, at module level or inside functions
+    (imports under ``if TYPE_CHECKING:`` never run and are left out)."""
+    found: set[str] = set()
+    package = module_name(path)
+    if path.name != "__init__.py":
+        package = package.rpartition(".")[0]
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1],
+                                 *([base] if base else [])])
+            submodules = {f"{base}.{alias.name}" for alias in node.names} & set(MODULES)
+            found.update(submodules or {base})
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return {name for name in found if name in MODULES}
+
+
+def test_no_import_cycles():
+    graph = {name: imported_modules(path) - {name} for name, path in MODULES.items()}
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def walk(name: str) -> None:
+        state[name] = "open"
+        stack.append(name)
+        for target in sorted(graph[name]):
+            if state.get(target) == "open":
+                cycle = [*stack[stack.index(target):], target]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                walk(target)
+        stack.pop()
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            walk(name)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_stay_readable(name):
+    lines = len(MODULES[name].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{name} has {lines} lines; split it by concern"
+
+
+def test_pure_modules_import_no_tensorflow():
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {PURE_MODULES!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('tensorflow', 'keras', 'tensorflow_datasets'))))\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               timeout=120, env={"PATH": "/usr/bin:/bin"})
+    assert completed.returncode == 0, completed.stderr
+    assert json.loads(completed.stdout) == []
+
+
+def test_the_library_logs_through_a_null_handler_only():
+    code = (
+        "import logging, hybridpar\n"
+        "logger = logging.getLogger('hybridpar')\n"
+        "print([type(h).__name__ for h in logger.handlers], logger.propagate)\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               timeout=120, env={"PATH": "/usr/bin:/bin"})
+    assert completed.stdout.strip() == "['NullHandler'] True", completed.stderr
+
+
+def test_docstrings_cite_no_document_outside_the_repository():
+    for name, path in MODULES.items():
+        text = path.read_text()
+        for phrase in ("DESIGN.md", "fact 5", "(fix ", "fix 3"):
+            assert phrase not in text, f"{name} cites {phrase!r}"
