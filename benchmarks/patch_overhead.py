@@ -12,7 +12,8 @@ parent prints the medians and, on its last two lines, ``eager_ratio=`` and
     python benchmarks/patch_overhead.py [--pairs 5] [--stages 2]
 
 ``--stages 2`` makes the scope model-parallel, so the stage-placement hooks
-(``Layer.__call__``, the tape's gradient function) are installed too.
+(``Layer.__call__``, the tape's gradient function) are installed too; both
+kinds of child then split the CPU into 2 logical devices.
 """
 
 from __future__ import annotations
@@ -53,13 +54,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def logical_cpus(count: int) -> None:
+    """Splits the CPU into ``count`` logical devices, as both kinds of child must."""
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
+    )
+
+
 def use_and_leave_hybridpar(stages: int) -> Any:
     """Builds, trains in and leaves a hybridpar scope; returns what keeps it alive."""
-    import hybridpar
-
-    hybridpar.testing.use_logical_cpus(stages)
     import keras
     import numpy as np
+
+    import hybridpar
 
     config = {"data_parallel": {"mode": "none"}, "model_parallel": {"stages": stages}}
     if stages > 1:
@@ -74,6 +84,7 @@ def use_and_leave_hybridpar(stages: int) -> Any:
 
 def run_child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     """Times plain Keras in this process (after using hybridpar for ``hybridpar``)."""
+    logical_cpus(args.stages)
     kept = use_and_leave_hybridpar(args.stages) if variant == "hybridpar" else None
     import keras
     import numpy as np
