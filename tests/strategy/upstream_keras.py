@@ -233,9 +233,52 @@ def fit_keeps_the_strategy_alive() -> dict:
             "registered_gradients": len(ops._gradient_registry._registry) - registered}
 
 
+def _replica_all_reduce(values_fn, in_branch: bool) -> str:
+    """Runs ``ReplicaContext.all_reduce`` of ``values_fn()`` under 2 mirrored CPUs."""
+    logical_cpus(2)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+    @tf.function
+    def step():
+        def replica():
+            context = tf.distribute.get_replica_context()
+            def reduce():
+                return context.all_reduce("SUM", values_fn())
+            return tf.cond(tf.constant(True), reduce, reduce) if in_branch else reduce()
+        return strategy.run(replica)
+
+    try:
+        step()
+    except Exception as err:  # the message is the result
+        return f"{type(err).__name__}: {err}"
+    return "ok"
+
+
+def all_reduce_of_two_dtypes() -> dict:
+    """One batch all-reduce of a float32 and a float16 value (a gradient sent as fp16)."""
+    return {"outcome": _replica_all_reduce(
+        lambda: [tf.ones([2]), tf.ones([2], tf.float16)], in_branch=False)}
+
+
+def all_reduce_in_a_branch() -> dict:
+    """An all-reduce inside a tf.cond branch of a replica function (a warm-up switch)."""
+    return {"outcome": _replica_all_reduce(lambda: [tf.ones([2])], in_branch=True)}
+
+
+def communication_options() -> dict:
+    """What tf.distribute lets a user configure about its collectives."""
+    import inspect
+
+    options = tf.distribute.experimental.CommunicationOptions
+    return {"parameters": sorted(inspect.signature(options.__init__).parameters)}
+
+
 CASES = {
     f.__name__: f
     for f in (
+        all_reduce_in_a_branch,
+        all_reduce_of_two_dtypes,
+        communication_options,
         fit_keeps_the_strategy_alive,
         collective_keys_collide,
         fit_passes,
