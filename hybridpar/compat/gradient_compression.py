@@ -5,11 +5,12 @@ Not an upstream defect: ``tf.distribute`` has no gradient compression
 tensorflow/tensorflow#40468 was closed as stale). hybridpar compresses in its
 own gradient all-reduce (``gradient_all_reduce`` hands each stage group to
 ``hybridpar.parallel.compression``). PowerSGD needs per-replica variables
-(error memory and warm-start factors) that cannot be created inside the
-traced replica step, so ``make_train_function``, the point after Keras built
-the model and its optimizer (``fit``, ``train_on_batch``) and before the first
-trace, creates them for models under a strategy hybridpar built with
-``compression: powersgd``.
+(error memory and warm-start factors). ``make_train_function``, the point
+after Keras built the model and its optimizer (``fit``, ``train_on_batch``)
+and before the first trace, creates them eagerly for models under a strategy
+hybridpar built with ``compression: powersgd``, so that the traced step
+creates no variables. (A custom training loop gets them from its first step,
+through ``merge_call``; checkpoint restores create them too.)
 """
 
 from __future__ import annotations

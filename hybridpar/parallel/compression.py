@@ -157,6 +157,7 @@ class GradientCompression:
     def _created_in_step(self, optimizer: Any, variables: list[Any]) -> PowerSGDState:
         """Creates the state from inside the traced step (a custom training loop): in
         cross-replica context through ``merge_call``, eagerly through ``tf.init_scope``."""
+        @tf.autograph.experimental.do_not_convert  # runs eagerly, under tf.init_scope
         def create(strategy: tf.distribute.Strategy) -> None:
             with tf.init_scope():
                 self.prepare_optimizer(strategy, optimizer, variables)

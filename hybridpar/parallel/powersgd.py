@@ -77,8 +77,9 @@ def _replica_local(initial: tf.Tensor, aggregation: tf.VariableAggregation,
 class PowerSGDState:
     """PowerSGD's error memory and warm-start factors for one optimizer's variables.
 
-    Create it in the strategy's scope, in cross-replica context, before the
-    first step (variables cannot be created in the traced replica step).
+    Create it eagerly, in the strategy's scope and cross-replica context
+    (``GradientCompression`` does so before the first trace, or from the first
+    step through ``merge_call`` and ``tf.init_scope``).
 
     Args:
         strategy: the strategy the variables belong to.
