@@ -8,94 +8,28 @@ its pids, so the tests can check by pid that nothing survives the launcher.
 import io
 import json
 import os
-import pathlib
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
+from launch_helpers import (
+    LAUNCH,
+    _command,
+    _env,
+    all_pids,
+    assert_no_survivors,
+    records_of,
+    run_launch,
+    wait_for_records,
+)
 
 from hybridpar import exit_codes
 from hybridpar.launch import args, local, ports, processes, tasks
 from hybridpar.launch.tasks import Outcome, UsageError
 from hybridpar.topology import cluster
 from hybridpar.topology.cluster import Task, parse_tf_config
-
-TASK_SCRIPT = pathlib.Path(__file__).parent / "launch_scripts" / "task.py"
-LAUNCH = [sys.executable, "-m", "hybridpar.launch"]
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    for name in ("TF_CONFIG", "HYBRIDPAR_TASK", "HYBRIDPAR_RESTART"):
-        env.pop(name, None)
-    return env
-
-
-def _command(plan: dict, records: pathlib.Path) -> list[str]:
-    return [sys.executable, str(TASK_SCRIPT), json.dumps(plan), str(records)]
-
-
-def run_launch(flags: list[str], plan: dict, records: pathlib.Path, timeout: float = 40):
-    """Runs the launcher to completion; returns (CompletedProcess, elapsed seconds)."""
-    start = time.monotonic()
-    result = subprocess.run([*LAUNCH, *flags, "--", *_command(plan, records)],
-                            capture_output=True, text=True, env=_env(), timeout=timeout)
-    return result, time.monotonic() - start
-
-
-def records_of(records: pathlib.Path) -> dict[str, dict]:
-    """``worker:1@0`` -> the record that task wrote."""
-    return {p.stem: json.loads(p.read_text()) for p in records.glob("*.json")}
-
-
-def wait_for_records(records: pathlib.Path, names: list[str], timeout: float = 20) -> None:
-    end = time.monotonic() + timeout
-    while not all((records / f"{name}.json").exists() for name in names):
-        assert time.monotonic() < end, f"not started: {names}; have {list(records_of(records))}"
-        time.sleep(0.02)
-
-
-def is_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie waiting for init to reap it counts as dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
-
-
-def all_pids(records: pathlib.Path) -> list[int]:
-    return [pid for record in records_of(records).values() for pid in record["pids"]]
-
-
-def assert_no_survivors(records: pathlib.Path) -> None:
-    pids = all_pids(records)
-    assert pids, "no task recorded its pid"
-    survivors = [pid for pid in pids if is_alive(pid)]
-    for pid in survivors:  # clean up before failing
-        os.kill(pid, signal.SIGKILL)
-    assert not survivors, f"processes survived the launcher: {survivors}"
-
-
-@pytest.fixture
-def records(tmp_path: pathlib.Path) -> pathlib.Path:
-    directory = tmp_path / "records"
-    directory.mkdir()
-    yield directory
-    for pid in all_pids(directory):  # never leave a sleeper behind, whatever happened
-        if is_alive(pid):
-            os.kill(pid, signal.SIGKILL)
-
 
 # --------------------------------------------------------------------------- pure logic
 
@@ -314,7 +248,7 @@ def test_each_task_gets_its_own_tf_config_on_distinct_free_ports(records):
 
 def test_output_is_prefixed_by_task_and_keeps_stdout_and_stderr_apart(records):
     plan = {"*": {"stdout": "to-out", "stderr": "to-err"}, "worker:1": {"tail": "no newline"}}
-    result, _ = run_launch(["--workers", "2"], plan, records)
+    result, _ = run_launch(["--workers", "2", "--console", "all"], plan, records)
     assert result.returncode == 0, result.stderr
     out, err = result.stdout.splitlines(), result.stderr.splitlines()
     for task in ("worker:0", "worker:1"):
@@ -504,7 +438,7 @@ def test_command_that_cannot_start_exits_127(tmp_path):
 def test_launch_in_process_writes_to_the_given_streams(records):
     out, err = io.StringIO(), io.StringIO()
     code = local.launch(_command({"*": {"stdout": "hello"}}, records), 2,
-                         env=_env(), stdout=out, stderr=err)
+                         env=_env(), stdout=out, stderr=err, console="all")
     assert code == 0, err.getvalue()
     assert "[worker:0] hello" in out.getvalue().splitlines()
     assert "[worker:1] hello" in out.getvalue().splitlines()
