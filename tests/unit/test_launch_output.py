@@ -170,8 +170,8 @@ def test_default_console_shows_the_chief_and_the_others_warnings_and_errors(tmp_
 def test_a_failed_task_that_was_not_shown_gets_its_last_lines_printed(tmp_path, records):
     plan = {"worker:0": {"sleep": 30},
             "worker:1": {"lines": [["stdout", f"line {i}"] for i in range(30)], "exit": 3}}
-    result, elapsed = run_launch(["--workers", "2", "--log-dir", str(tmp_path / "l")], plan,
-                                 records)
+    result, _ = run_launch(["--workers", "2", "--log-dir", str(tmp_path / "l")], plan,
+                           records)
     assert result.returncode == 3
     err = result.stderr.splitlines()
     header = [i for i, line in enumerate(err) if "last 20 line(s) of worker:1" in line]
