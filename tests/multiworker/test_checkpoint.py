@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from launching import launch_command
+from launch_helpers import launch_command
 
 pytestmark = [pytest.mark.multiworker, pytest.mark.slow]
 

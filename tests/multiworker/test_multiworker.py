@@ -14,7 +14,7 @@ import time
 import numpy as np
 import portpicker
 import pytest
-from launching import launch_command
+from launch_helpers import launch_command
 
 pytestmark = [pytest.mark.multiworker, pytest.mark.slow]
 

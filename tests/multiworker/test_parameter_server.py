@@ -14,7 +14,7 @@ import sys
 
 import keras
 import pytest
-from launching import launch_command
+from launch_helpers import launch_command
 
 import hybridpar
 

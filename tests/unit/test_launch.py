@@ -147,6 +147,16 @@ def test_pick_ports_are_distinct_and_avoid_excluded():
     (["--workers", "1", "--timout", "3", "--", "true"], r'Did you mean "--timeout"\?'),
     (["--workers", "two", "--", "true"], r"invalid int value: 'two'"),
     (["--", "true"], r"the following arguments are required: --workers"),
+    (["--engine", "rya", "--workers", "1", "--", "true"],
+     r"unknown --engine 'rya'\. Did you mean \"ray\"\? Choose one of: local, ray\. "
+     r"Received: --engine rya\."),
+    (["--console", "everything", "--workers", "1", "--", "true"],
+     r"unknown --console 'everything'\..*Choose one of: chief, all"),
+    (["--address", "10.0.0.1:6379", "--workers", "1", "--", "true"],
+     r"--address is for the Ray engine\. Received: --address 10\.0\.0\.1:6379 with --engine "
+     r"local\. Add --engine ray, or drop --address\."),
+    (["--engine", "ray", "--cpus-per-task", "-1", "--workers", "1", "--", "true"],
+     r"--cpus-per-task must be 0 or more\. Received: --cpus-per-task -1\."),
 ])
 def test_launch_bad_input_exits_2_with_a_clear_message(argv, match, capsys):
     assert args.main(argv) == 2
@@ -154,6 +164,19 @@ def test_launch_bad_input_exits_2_with_a_clear_message(argv, match, capsys):
     assert err.startswith("hybridpar launch: error: ")
     assert re.search(match, err), err
     assert "Run `hybridpar launch --help` for usage." in err
+
+
+def test_engine_ray_without_ray_installed_names_the_extra(tmp_path):
+    stub = tmp_path / "no_ray" / "ray"  # shadows the installed ray, as if it were missing
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('No module named ray')\n")
+    env = {**_env(), "PYTHONPATH": str(stub.parent)}
+    result = subprocess.run([*LAUNCH, "--engine", "ray", "--workers", "1", "--log-dir",
+                             str(tmp_path / "logs"), "--", "true"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 2
+    assert ('hybridpar launch: error: --engine ray needs Ray, which is not installed. Install it '
+            'with pip install -e ".[ray]"') in result.stderr
 
 
 def test_launch_help_exits_0(capsys):

@@ -15,7 +15,8 @@ does (later keys override earlier ones: ``*``, then the task, then task@restart)
     sleep: seconds to sleep;  kill: SIGKILL itself;  exit: the exit code (default 0)
 
 Before acting, the task writes ``RECORD_DIR/<task>@<restart>.json`` with its pids,
-environment and TF_CONFIG, and prints the same record on stdout.
+environment (HYBRIDPAR_TEST_MARK, PYTHONUNBUFFERED), working directory and TF_CONFIG,
+and prints the same record on stdout.
 """
 
 import json
@@ -47,6 +48,8 @@ record = {
     "pids": pids,
     "tf_config": tf_config,
     "unbuffered": os.environ.get("PYTHONUNBUFFERED"),
+    "mark": os.environ.get("HYBRIDPAR_TEST_MARK"),
+    "cwd": os.getcwd(),
 }
 tmp = os.path.join(record_dir, f".{task}@{restart}.tmp")
 with open(tmp, "w") as f:

@@ -1,19 +1,32 @@
-"""Helpers of the launcher tests: `hybridpar launch` on the small tasks of launch_scripts/task.py.
+"""Helpers of the tests that run `hybridpar launch` (unit, multiworker and ray layers).
 
-Every task records its pids, environment and TF_CONFIG (see task.py), so the
-tests can check by pid that nothing survives the launcher.
+The unit and Ray-engine tests launch the small tasks of unit/launch_scripts/task.py;
+every task records its pids, environment and TF_CONFIG, so the tests can check by pid
+that nothing survives the launcher. The multi-worker tests read every task's lines,
+so ``launch_command`` shows every task whole (``--console all``) and sends the
+per-task logs to one temporary directory per test process, not ``runs/launch/``.
 """
 
+import atexit
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
-TASK_SCRIPT = pathlib.Path(__file__).parent / "launch_scripts" / "task.py"
+TASK_SCRIPT = pathlib.Path(__file__).parent / "unit" / "launch_scripts" / "task.py"
 LAUNCH = [sys.executable, "-m", "hybridpar.launch"]
+LOG_DIR = tempfile.mkdtemp(prefix="hybridpar-test-launch-logs-")
+atexit.register(shutil.rmtree, LOG_DIR, ignore_errors=True)
+
+
+def launch_command(*flags: str, console: str = "all") -> list[str]:
+    """``python -m hybridpar.launch --console all --log-dir <tmp> FLAGS...``."""
+    return [*LAUNCH, "--console", console, "--log-dir", LOG_DIR, *flags]
 
 
 # --------------------------------------------------------------------------- helpers
