@@ -97,7 +97,7 @@ def test_parameter_server_mode_restarts_a_dead_worker_alone(ray_address, records
 
 
 def test_timeout_stops_the_tasks(ray_address, records):
-    result, elapsed = ray_launch(ray_address, ["--workers", "2", "--timeout", "3", "--grace",
+    result, elapsed = ray_launch(ray_address, ["--workers", "2", "--timeout", "10", "--grace",
                                                "1"], {"*": {"sleep": 600}}, records)
     assert result.returncode == 124, result.stderr
     assert elapsed < 60
