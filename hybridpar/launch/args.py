@@ -26,7 +26,9 @@ from hybridpar.launch.tasks import (
     UsageError,
     check_launch_options,
     make_tf_config,
+    task_layout,
 )
+from hybridpar.topology.cluster import Task
 
 
 class _ParserExit(Exception):
@@ -62,6 +64,11 @@ class LaunchOptions:
     gpus_per_task: float | None = None
     log_dir: str | None = None
     console: str = "chief"
+
+    @property
+    def tasks(self) -> list[Task]:
+        """The cluster's tasks (``tasks.task_layout``), whatever the engine."""
+        return task_layout(self.workers, self.ps)
 
 
 ENGINES = ("local", "ray")

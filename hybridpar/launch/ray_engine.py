@@ -45,7 +45,6 @@ from hybridpar.launch.tasks import (
     UsageError,
     check_launch_options,
     task_environment,
-    task_layout,
 )
 from hybridpar.topology.cluster import Task
 
@@ -285,7 +284,7 @@ def launch_on_ray(
     check_command(options.command)
     check_launch_options(options.workers, options.ps, options.max_restarts, options.timeout,
                          options.grace)
-    tasks = task_layout(options.workers, options.ps)
+    tasks = options.tasks
     cpus, gpus = options.cpus_per_task or 1.0, options.gpus_per_task or 0.0
     connect(options, len(tasks))
     ray = import_ray()

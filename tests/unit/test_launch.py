@@ -466,3 +466,45 @@ def test_launch_in_process_writes_to_the_given_streams(records):
     assert "[worker:0] hello" in out.getvalue().splitlines()
     assert "[worker:1] hello" in out.getvalue().splitlines()
     assert err.getvalue().startswith("hybridpar launch: starting 2 task(s)")
+
+
+# --------------------------------------------------------------------------- Ray engine, pure
+
+
+def test_ray_resource_checks_name_both_numbers():
+    from hybridpar.launch import ray_engine
+
+    nodes = [{"CPU": 4.0, "GPU": 1.0}, {"CPU": 2.0}]
+    ray_engine.check_resources(nodes, 6, 1, 0)  # fits
+    with pytest.raises(UsageError, match=r"--cpus-per-task 8 asks for more CPUs per task than "
+                                         r"any node of the Ray cluster has: the largest node has "
+                                         r"4 CPU\(s\) \(2 node\(s\), 6 in all\)"):
+        ray_engine.check_resources(nodes, 1, 8, 0)
+    with pytest.raises(UsageError, match=r"3 task\(s\) x --gpus-per-task 1 = 3 GPUs, but the "
+                                         r"Ray cluster has 1 GPU\(s\) in all"):
+        ray_engine.check_resources(nodes, 3, 1, 1)
+
+
+def test_ray_engine_forwards_hybridpar_and_tf_variables_but_not_tf_config():
+    from hybridpar.launch import ray_engine
+
+    environ = {"HYBRIDPAR_LOGICAL_CPUS": "2", "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": "{}",
+               "PATH": "/bin", "HOME": "/root"}
+    assert ray_engine.forwarded_environment(environ) == {
+        "HYBRIDPAR_LOGICAL_CPUS": "2", "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+@pytest.mark.parametrize("address", ["head", "head:port", ":6379"])
+def test_ray_address_must_be_host_port(address):
+    from hybridpar.launch import ray_engine
+
+    with pytest.raises(UsageError, match=r"--address expects the host:port of a Ray cluster's "
+                                         rf"head .* Received: --address {address}\."):
+        ray_engine.probe_address(address)
+
+
+def test_launch_options_give_the_task_layout_to_every_engine():
+    options = args.parse_launch_args(["--engine", "ray", "--workers", "2", "--ps", "1",
+                                      "--cpus-per-task", "2", "--", "python", "t.py"])
+    assert (options.engine, options.cpus_per_task, options.console) == ("ray", 2.0, "chief")
+    assert [str(t) for t in options.tasks] == ["chief:0", "worker:0", "worker:1", "ps:0"]
