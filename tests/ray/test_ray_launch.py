@@ -17,6 +17,7 @@ from launch_helpers import (
 )
 
 pytestmark = pytest.mark.ray
+pytest.importorskip("ray", reason='the Ray tests need the ray extra: pip install -e ".[ray]"')
 
 
 def ray_launch(ray_address: str, flags: list[str], plan: dict, records, timeout: float = 90):

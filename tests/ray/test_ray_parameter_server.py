@@ -15,6 +15,7 @@ import pytest
 from launch_helpers import launch_command
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytest.importorskip("ray", reason='the Ray tests need the ray extra: pip install -e ".[ray]"')
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "multiworker" / "scripts" / "train_ps.py"

@@ -17,7 +17,8 @@ import ray_loops  # beside this file; Ray's workers import it too
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-ray_train = pytest.importorskip("ray.train")
+ray_train = pytest.importorskip(
+    "ray.train", reason='the Ray tests need the ray extra: pip install -e ".[ray]"')
 from ray.train.tensorflow import TensorflowTrainer  # noqa: E402
 
 HERE = pathlib.Path(__file__).parent
