@@ -290,7 +290,8 @@ def run_loopback(variant: str, args: argparse.Namespace) -> list[dict[str, Any]]
 
     out, err = io.StringIO(), io.StringIO()
     code = launch(child_command(variant, args, "ss"), WORKERS, timeout=CLUSTER_TIMEOUT_S,
-                  env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, stdout=out, stderr=err)
+                  env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, stdout=out, stderr=err,
+                  console="all")  # every worker prints its record
     if code != 0:
         raise RuntimeError(f"cluster {variant} exited with {code}:\n{err.getvalue()[-4000:]}")
     return [parse_task_output(out.getvalue(), f"worker:{i}") for i in range(WORKERS)]

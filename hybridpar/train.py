@@ -42,6 +42,7 @@ class TrainResult:
     placement_png: str
     seconds: float
     compression: str = "none"
+    is_chief: bool = True
 
     def summary(self) -> str:
         """A short human-readable report."""
@@ -181,6 +182,7 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
         placement_png=str(placement_png),
         seconds=time.perf_counter() - started,
         compression=_compression_summary(hybrid),
+        is_chief=hybrid.is_chief,
     )
     (model_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(result), indent=2))
     return result
