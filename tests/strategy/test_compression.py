@@ -8,6 +8,7 @@ hybrid 2 x 2 stages, and checkpoints of PowerSGD's state.
 
 import json
 import logging
+import shutil
 
 import hybridpar_models
 import keras
@@ -325,11 +326,19 @@ def uninterrupted(tmp_path_factory):
     return model, powersgd_state(model, hs)
 
 
-@pytest.fixture
-def interrupted(tmp_path):
+@pytest.fixture(scope="module")
+def interrupted_once(tmp_path_factory):
+    """A run that crashed after step 19 (last checkpoint: step 16), trained once per module."""
+    directory = tmp_path_factory.mktemp("interrupted") / "ckpt"
     with pytest.raises(KeyboardInterrupt):
-        train_checkpointed(tmp_path / "ckpt", crash_at=19)
-    return tmp_path / "ckpt"
+        train_checkpointed(directory, crash_at=19)
+    return directory
+
+
+@pytest.fixture
+def interrupted(interrupted_once, tmp_path):
+    """A copy of that run's checkpoints, for a test to resume from or edit."""
+    return shutil.copytree(interrupted_once, tmp_path / "ckpt")
 
 
 def test_resume_with_powersgd_equals_the_uninterrupted_run(uninterrupted, interrupted):
