@@ -180,19 +180,14 @@ def test_upstream_a_strategy_that_trained_is_never_collected():
     assert result["registered_gradients"] == 2  # one custom gradient per replica, never removed
 
 
-def test_upstream_batch_all_reduce_needs_one_dtype():
-    outcome = run_upstream("all_reduce_of_two_dtypes")["outcome"]
-    assert "'ConcatV2' Op have types [float16, float32] that don't all match" in outcome, outcome
-
-
-def test_upstream_all_reduce_cannot_sit_in_a_branch():
-    outcome = run_upstream("all_reduce_in_a_branch")["outcome"]
-    assert "`merge_call` called while defining a new graph or a tf.function" in outcome, outcome
-
-
-def test_upstream_has_no_gradient_compression():
-    parameters = run_upstream("communication_options")["parameters"]
-    assert parameters == ["bytes_per_pack", "implementation", "self", "timeout_seconds"]
+def test_upstream_all_reduce_needs_one_dtype_no_branch_and_has_no_compression():
+    result = run_upstream("all_reduce_limits")
+    assert "'ConcatV2' Op have types [float16, float32] that don't all match" in (
+        result["two_dtypes"]), result
+    assert "`merge_call` called while defining a new graph or a tf.function" in (
+        result["in_branch"]), result
+    assert result["communication_options"] == [
+        "bytes_per_pack", "implementation", "self", "timeout_seconds"]
 
 
 def test_hybridpar_all_reduce_sums_two_dtypes_inside_a_branch():
