@@ -22,6 +22,7 @@ from hybridpar import report
 from hybridpar.compat import check_versions, holding
 from hybridpar.config import StrategyConfig
 from hybridpar.errors import ConfigError
+from hybridpar.parallel import compression as compression_lib
 from hybridpar.parallel.staging import StagePlacer
 from hybridpar.state import StrategyState
 from hybridpar.strategies.build import build_strategy
@@ -165,19 +166,12 @@ def _local_device_names(cluster: ClusterInfo | None) -> list[str]:
     return names
 
 
-def _unsupported(what: str, received: str) -> ConfigError:
-    return ConfigError(
-        f"{what} is not available in this version of hybridpar. Received: {received}. "
-        "Remove it from the config (the key is reserved so configs stay stable)."
-    )
-
-
 def build(config: StrategyConfig | None = None) -> HybridStrategy:
     """Checks ``config`` against this process's runtime and builds its strategy.
 
     Raises:
         ConfigError: when the config does not fit the devices or cluster, or
-            asks for something this version cannot do.
+            asks for gradient compression in parameter-server mode.
     """
     config = config if config is not None else StrategyConfig()
     if tf.distribute.has_strategy():
@@ -188,12 +182,11 @@ def build(config: StrategyConfig | None = None) -> HybridStrategy:
         )
     cluster = cluster_from_env()
     plan = make_plan(config, _local_device_names(cluster), cluster)
-    if config.communication.compression != "none":
-        compression = config.communication.compression
-        raise _unsupported("Gradient compression", f"communication.compression={compression!r}")
+    compression = compression_lib.from_config(config, plan)
     rules = PlacementRules(config.model_parallel.placement, plan.mesh.stages)
     placer = StagePlacer(plan.mesh, rules, plan.mode != "none", config.model_parallel.microbatches)
-    state = StrategyState(config=config, plan=plan, cluster=cluster, placer=placer)
+    state = StrategyState(config=config, plan=plan, cluster=cluster, placer=placer,
+                          compression=compression)
     return HybridStrategy(state, build_strategy(state))
 
 

@@ -36,6 +36,9 @@ class StrategyState:
         runner: in parameter-server mode, what runs ``fit``/``evaluate``/
             ``predict`` on the chief (``None`` elsewhere).
         preemption: the preemption watcher, once ``fit`` created one.
+        compression: ``communication.compression`` at work
+            (``hybridpar.parallel.compression.GradientCompression``), or
+            ``None`` when gradients are all-reduced exactly.
     """
 
     config: StrategyConfig
@@ -44,6 +47,7 @@ class StrategyState:
     placer: StagePlacer
     runner: Any = None
     preemption: Any = None
+    compression: Any = None
 
     @property
     def mode(self) -> str:

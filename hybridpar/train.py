@@ -41,6 +41,7 @@ class TrainResult:
     log_dir: str
     placement_png: str
     seconds: float
+    compression: str = "none"
     is_chief: bool = True
 
     def summary(self) -> str:
@@ -54,6 +55,7 @@ class TrainResult:
             f"  global batch      {self.global_batch_size}",
             f"  epochs            {self.epochs} in {self.seconds:.1f} s",
             f"  examples/s        {self.examples_per_sec:,.0f} (mean over epochs after the first)",
+            f"  compression       {self.compression}",
             f"  final train       {metrics}",
         ]
         if self.eval_metrics:
@@ -179,10 +181,20 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
         log_dir=str(log_dir),
         placement_png=str(placement_png),
         seconds=time.perf_counter() - started,
+        compression=_compression_summary(hybrid),
         is_chief=hybrid.is_chief,
     )
     (model_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(result), indent=2))
     return result
+
+
+def _compression_summary(hybrid: Any) -> str:
+    """What the gradient all-reduce sent, as the run log said it."""
+    compression = hybrid.state.compression
+    if compression is None:
+        requested = hybrid.config.communication.compression
+        return "none" if requested == "none" else f"none ({requested} needs several replicas)"
+    return compression.report.summary() if compression.report else compression.kind
 
 
 def _final(history: dict[str, list[Any]], prefix_excluded: str) -> dict[str, float]:

@@ -6,7 +6,8 @@ the step counter, learning rate, slots) and ``metrics``
 (``model.metrics_variables``: the running means of an interrupted epoch).
 Values are stored whole, in the order Keras lists the variables, so a
 checkpoint written by 2 workers x 2 replicas restores into one device and
-back (a mirrored variable is one value on every replica).
+back (a mirrored variable is one value on every replica). With PowerSGD a
+fourth group holds its per-replica state (``compression_state``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from hybridpar.checkpoint import compression_state
 from hybridpar.checkpoint.files import (
     GROUPS,
     Found,
@@ -76,7 +78,8 @@ def ensure_built(model: Any) -> None:
 
 
 def capture(model: Any) -> tuple[dict[str, np.ndarray], dict[str, list[dict[str, Any]]]]:
-    """The values of every model, optimizer and metric variable, and their specs.
+    """The values of every model, optimizer and metric variable (and PowerSGD's state),
+    and their specs.
 
     Under a multi-worker strategy every worker must call this at the same
     step: reading a metric's per-replica value sums it over all workers.
@@ -88,6 +91,7 @@ def capture(model: Any) -> tuple[dict[str, np.ndarray], dict[str, list[dict[str,
         specs[group] = _specs(variables)
         for index, variable in enumerate(variables):
             arrays[_key(group, index)] = np.asarray(variable.numpy())
+    compression_state.capture(model, arrays, specs)
     return arrays, specs
 
 
@@ -115,6 +119,8 @@ def apply(model: Any, path: Path, manifest: dict[str, Any], arrays: dict[str, np
                        "metrics start from zero.", path.name)
     for group in groups + (["metrics"] if metrics and metrics_match else []):
         assign_group(model, group, arrays)
+    if optimizer:
+        compression_state.restore(model, path, manifest, arrays)
     return metrics_match
 
 

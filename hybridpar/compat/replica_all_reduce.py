@@ -11,6 +11,20 @@ theirs lives, could never be removed. Nothing differentiates through the
 gradient all-reduce or the example count, so hybridpar runs those through the
 same ``merge_call``/``batch_reduce_to`` path without the wrapper (the path
 TensorFlow itself takes when a value is an ``IndexedSlices``).
+
+Two more upstream limits are handled here:
+
+- A batch all-reduce concatenates its values into one tensor per pack
+  (``CollectiveReplicaLauncher.batch_all_reduce`` in
+  ``tensorflow/python/distribute/cross_device_utils.py``), so values of two
+  dtypes fail ("Tensors in list passed to 'values' of 'ConcatV2' Op have
+  types [float32, float16]"): values are reduced in one batch per dtype.
+- ``merge_call`` cannot run inside a ``tf.cond`` branch ("`merge_call` called
+  while defining a new graph or a tf.function"), and MirroredStrategy and
+  MultiWorkerMirroredStrategy use it for every all-reduce unless XLA compiles
+  for GPUs only (``_use_merge_call``). ``in_branch=True`` launches the
+  collectives from the replica itself, as those strategies do under XLA
+  (``_replica_ctx_all_reduce``), so the call may sit in a branch.
 """
 
 from __future__ import annotations
@@ -18,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.distribute import collective_util, distribute_lib
+from tensorflow.python.distribute import collective_util, cross_device_ops, distribute_lib
 
 from hybridpar.compat.patching import Fix, register
 
@@ -30,8 +44,33 @@ FIX = register(Fix(
 ))
 
 
-def all_reduce_sum(values: list[Any]) -> list[Any]:
-    """The replica-context SUM all-reduce of ``values``, without a registered gradient."""
+def all_reduce_sum(values: list[Any], *, in_branch: bool = False) -> list[Any]:
+    """The replica-context SUM all-reduce of ``values``, without a registered gradient.
+
+    Args:
+        values: tensors or ``IndexedSlices`` of this replica, of any dtypes
+            (one batch per dtype).
+        in_branch: launch the collectives without ``merge_call``, so that the
+            call may run inside a ``tf.cond`` branch. This needs the strategy's
+            ``CollectiveAllReduce`` (every hybridpar mirrored and multi-worker
+            strategy has one); in eager mode, where ``tf.cond`` runs one branch
+            in Python and replicas run one after another, the ``merge_call``
+            path is taken.
+    """
+    groups: dict[Any, list[int]] = {}
+    for index, value in enumerate(values):
+        groups.setdefault(value.dtype, []).append(index)
+    reduced: list[Any] = [None] * len(values)
+    direct = in_branch and not tf.executing_eagerly()
+    for indices in groups.values():
+        batch = [values[i] for i in indices]
+        results = _launched(batch) if direct else _merged(batch)
+        for index, result in zip(indices, results, strict=True):
+            reduced[index] = result
+    return reduced
+
+
+def _merged(values: list[Any]) -> list[Any]:
     context = tf.distribute.get_replica_context()
     extended = context.strategy.extended
     options = collective_util.Options()
@@ -42,3 +81,18 @@ def all_reduce_sum(values: list[Any]) -> list[Any]:
 
         return list(context.merge_call(batch_all_reduce, args=tuple(values)))
     return list(extended._replica_ctx_all_reduce(tf.distribute.ReduceOp.SUM, values, options))
+
+
+def _launched(values: list[Any]) -> list[Any]:
+    context = tf.distribute.get_replica_context()
+    extended = context.strategy.extended
+    collectives = extended._cross_device_ops
+    if not isinstance(collectives, cross_device_ops.CollectiveAllReduce):
+        collectives = getattr(extended, "_collective_ops", None)
+    if not isinstance(collectives, cross_device_ops.CollectiveAllReduce):
+        raise RuntimeError(
+            f"{type(context.strategy).__name__} has no CollectiveAllReduce, so hybridpar cannot "
+            "all-reduce inside a tf.cond branch."
+        )
+    return list(collectives._all_reduce(tf.distribute.ReduceOp.SUM, values, context._replica_id,
+                                        collective_util.Options()))

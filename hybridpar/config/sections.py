@@ -33,7 +33,7 @@ from hybridpar.errors import ConfigError
 Mode = Literal["auto", "none", "mirrored", "multi_worker", "parameter_server"]
 ShardPolicy = Literal["auto", "file", "data", "off"]
 Implementation = Literal["auto", "ring", "nccl"]
-Compression = Literal["none", "fp16", "bf16"]
+Compression = Literal["none", "fp16", "bf16", "powersgd"]
 PartitionerKind = Literal["fixed", "min_size"]
 
 
@@ -199,12 +199,46 @@ class ParameterServerConfig(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class PowerSGDConfig(Section):
+    """PowerSGD gradient compression (``communication.compression: powersgd``).
+
+    Attributes:
+        rank: columns of the low-rank factors P (n x rank) and Q (m x rank)
+            sent instead of an n x m gradient; higher is closer to the exact
+            gradient and sends more.
+        warmup_steps: optimizer steps trained with uncompressed gradients
+            before PowerSGD starts.
+        min_elements: gradients with fewer elements go uncompressed (they
+            ride in the batched all-reduce of the P factors).
+    """
+
+    PATH: ClassVar[str] = "communication.powersgd"
+    rank: int = 4
+    warmup_steps: int = 0
+    min_elements: int = 4096
+
+    def validate(self) -> None:
+        positive("communication.powersgd.rank", self.rank)
+        for name in ("warmup_steps", "min_elements"):
+            value = getattr(self, name)
+            require(
+                value >= 0,
+                f"communication.powersgd.{name} must be >= 0. "
+                f"Received: communication.powersgd.{name}={value!r}.",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
 class CommunicationConfig(Section):
     """Collective communication between replicas.
 
     Attributes:
         implementation: all-reduce implementation.
-        compression: gradient compression on the wire.
+        compression: gradient compression on the wire: ``fp16``/``bf16``
+            all-reduce floating gradients in that dtype, ``powersgd`` sends
+            low-rank factors with error feedback.
+        powersgd: PowerSGD's settings (only with ``compression: powersgd``;
+            ``None``: the defaults).
         timeout_seconds: collective timeout, so a dead peer raises an error
             instead of hanging (``None``: TensorFlow's default, no timeout).
     """
@@ -212,6 +246,7 @@ class CommunicationConfig(Section):
     PATH: ClassVar[str] = "communication"
     implementation: Implementation = "auto"
     compression: Compression = "none"
+    powersgd: PowerSGDConfig | None = None
     timeout_seconds: float | None = None
 
     def validate(self) -> None:
@@ -220,6 +255,17 @@ class CommunicationConfig(Section):
             "communication.timeout_seconds must be > 0 or null. "
             f"Received: communication.timeout_seconds={self.timeout_seconds!r}.",
         )
+        require(
+            self.powersgd is None or self.compression == "powersgd",
+            "communication.powersgd is set but communication.compression="
+            f"{self.compression!r}; its keys apply only to compression 'powersgd'. "
+            "Set communication.compression to 'powersgd', or remove communication.powersgd.",
+        )
+
+    @property
+    def powersgd_settings(self) -> PowerSGDConfig:
+        """``powersgd``, or the defaults when it is not given."""
+        return self.powersgd if self.powersgd is not None else PowerSGDConfig()
 
 
 @dataclasses.dataclass(frozen=True)

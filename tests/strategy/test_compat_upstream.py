@@ -15,7 +15,7 @@ import upstream_keras  # beside this file; pytest puts its folder on sys.path
 from upstream_runner import run_case  # beside this file
 
 import hybridpar
-from hybridpar.compat import versions
+from hybridpar.compat import replica_all_reduce, versions
 
 pytestmark = pytest.mark.strategy
 
@@ -178,3 +178,36 @@ def test_upstream_a_strategy_that_trained_is_never_collected():
     result = run_upstream("fit_keeps_the_strategy_alive")
     assert result["alive"], "upstream strategies are collected now: revisit replica_all_reduce"
     assert result["registered_gradients"] == 2  # one custom gradient per replica, never removed
+
+
+def test_upstream_all_reduce_needs_one_dtype_no_branch_and_has_no_compression():
+    result = run_upstream("all_reduce_limits")
+    assert "'ConcatV2' Op have types [float16, float32] that don't all match" in (
+        result["two_dtypes"]), result
+    assert "`merge_call` called while defining a new graph or a tf.function" in (
+        result["in_branch"]), result
+    assert result["communication_options"] == [
+        "bytes_per_pack", "implementation", "self", "timeout_seconds"]
+
+
+def test_hybridpar_all_reduce_sums_two_dtypes_inside_a_branch():
+    with hybridpar.scope({"data_parallel": {"mode": "mirrored"}}) as hs:
+        switch = tf.Variable(True)
+
+    @tf.function
+    def step():
+        def replica():
+            one = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group + 1,
+                          tf.float32)
+            values = [tf.fill([2], one), tf.fill([3], tf.cast(one, tf.float16))]
+
+            def reduce():
+                return replica_all_reduce.all_reduce_sum(values, in_branch=True)
+            return tf.cond(switch, reduce, lambda: values)
+        return hs.strategy.run(replica)
+
+    for replica in range(hs.num_replicas):
+        first, second = (hs.strategy.experimental_local_results(v)[replica] for v in step())
+        assert first.dtype == tf.float32 and second.dtype == tf.float16
+        np.testing.assert_array_equal(first.numpy(), [10.0, 10.0])  # 1 + 2 + 3 + 4
+        np.testing.assert_array_equal(second.numpy(), [10.0, 10.0, 10.0])

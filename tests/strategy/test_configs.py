@@ -58,6 +58,13 @@ def test_preset_trains(preset, tmp_path, digits_data_dir):
         trace = json.loads((model_dir / "timeline.trace.json").read_text())
         assert any(e["ph"] == "X" for e in trace["traceEvents"])
         assert (model_dir / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+    compression = (settings.get("communication") or {}).get("compression", "none")
+    if compression == "none":
+        assert summary["compression"] == "none"
+    else:
+        assert summary["compression"].startswith(f"gradient compression {compression}")
+        assert f"compression       {summary['compression']}" in out
+        assert result.stderr.count(summary["compression"]) == 1  # the run log says it once
     assert summary["train_metrics"]["accuracy"] > 0.3
     assert list((model_dir / "logs" / "train").glob("events.out.tfevents.*"))
     reloaded = keras.models.load_model(model_dir / "model.keras")

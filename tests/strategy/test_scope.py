@@ -1,5 +1,7 @@
 """hybridpar.scope() on real tf.distribute strategies over 4 logical CPUs."""
 
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -155,7 +157,6 @@ def test_nccl_on_cpus_is_refused():
 @pytest.mark.parametrize(
     "config, match",
     [
-        ({"communication": {"compression": "fp16"}}, "Gradient compression is not available"),
         ({"data_parallel": {"mode": "parameter_server"}},
          r"mode='parameter_server' needs a cluster with chief, worker and ps tasks in TF_CONFIG, "
          r"but TF_CONFIG is not set\. Start it with `hybridpar launch --workers 2 --ps 2"),
@@ -163,6 +164,20 @@ def test_nccl_on_cpus_is_refused():
 )
 def test_reserved_features_fail_clearly(config, match):
     with pytest.raises(ConfigError, match=match), hybridpar.scope(config):
+        pytest.fail("the scope must not be entered")
+
+
+def test_gradient_compression_is_refused_in_parameter_server_mode(monkeypatch):
+    cluster = {"chief": ["localhost:1"], "worker": ["localhost:2", "localhost:3"],
+               "ps": ["localhost:4", "localhost:5"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster,
+                                                "task": {"type": "chief", "index": 0}}))
+    config = {"communication": {"compression": "powersgd"}}
+    with pytest.raises(ConfigError, match=(
+        r"communication.compression='powersgd' compresses the synchronous gradient all-reduce "
+        r"of modes 'mirrored' and 'multi_worker' .* Received: "
+        r"data_parallel.mode='parameter_server' \(resolved from TF_CONFIG\)\. Set "
+        r"communication.compression to 'none'")), hybridpar.scope(config):
         pytest.fail("the scope must not be entered")
 
 

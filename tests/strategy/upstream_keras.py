@@ -233,6 +233,40 @@ def fit_keeps_the_strategy_alive() -> dict:
             "registered_gradients": len(ops._gradient_registry._registry) - registered}
 
 
+def all_reduce_limits() -> dict:
+    """What gradient compression meets in TensorFlow's replica all-reduce (2 mirrored CPUs):
+    one batch all-reduce of a float32 and a float16 value (a gradient sent as fp16), an
+    all-reduce inside a tf.cond branch (a warm-up switch), and what ``CommunicationOptions``
+    lets a user configure about collectives."""
+    import inspect
+
+    logical_cpus(2)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+    def outcome(values_fn, in_branch: bool) -> str:
+        @tf.function
+        def step():
+            def replica():
+                context = tf.distribute.get_replica_context()
+                def reduce():
+                    return context.all_reduce("SUM", values_fn())
+                return tf.cond(tf.constant(True), reduce, reduce) if in_branch else reduce()
+            return strategy.run(replica)
+
+        try:
+            step()
+        except Exception as err:  # the message is the result
+            return f"{type(err).__name__}: {err}"
+        return "ok"
+
+    options = tf.distribute.experimental.CommunicationOptions
+    return {
+        "two_dtypes": outcome(lambda: [tf.ones([2]), tf.ones([2], tf.float16)], in_branch=False),
+        "in_branch": outcome(lambda: [tf.ones([2])], in_branch=True),
+        "communication_options": sorted(inspect.signature(options.__init__).parameters),
+    }
+
+
 def legacy_keras_routing() -> dict:
     """``tf.keras`` (twice) with TF_USE_LEGACY_KERAS=1, as Ray Train sets it, without tf_keras."""
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
@@ -250,6 +284,7 @@ def legacy_keras_routing() -> dict:
 CASES = {
     f.__name__: f
     for f in (
+        all_reduce_limits,
         legacy_keras_routing,
         fit_keeps_the_strategy_alive,
         collective_keys_collide,

@@ -256,3 +256,59 @@ def test_keys_lists_every_dotted_key():
     assert "data.global_batch_size" in keys
     assert "parameter_server.partitioner.shards" in keys
     assert "communication.compression" in keys
+    assert "communication.powersgd.rank" in keys
+
+
+def test_powersgd_settings_default_and_override():
+    config = StrategyConfig().override({"communication.compression": "powersgd"})
+    assert config.communication.powersgd is None
+    settings = config.communication.powersgd_settings
+    assert (settings.rank, settings.warmup_steps, settings.min_elements) == (4, 0, 4096)
+    tuned = config.override({"communication.powersgd.rank": 2,
+                             "communication.powersgd.warmup_steps": 100})
+    assert tuned.communication.powersgd_settings.rank == 2
+    assert StrategyConfig.from_dict(tuned.to_dict()) == tuned
+
+
+@pytest.mark.parametrize(
+    "powersgd, match",
+    [
+        ({"rank": 0}, r"communication.powersgd.rank must be >= 1 .*Received: "
+                      r"communication.powersgd.rank=0"),
+        ({"rank": 2.5}, r"communication.powersgd.rank must be an integer\. Received: "
+                        r"communication.powersgd.rank=2.5 \(float\)"),
+        ({"rank": "4"}, "communication.powersgd.rank must be an integer"),
+        ({"warmup_steps": -1}, r"communication.powersgd.warmup_steps must be >= 0"),
+        ({"min_elements": -5}, r"communication.powersgd.min_elements must be >= 0"),
+        ({"rnak": 2}, r'Unknown config key "communication.powersgd.rnak". Did you mean '
+                      r'"communication.powersgd.rank"\?'),
+    ],
+)
+def test_bad_powersgd_settings(powersgd, match):
+    with pytest.raises(ConfigError, match=match):
+        StrategyConfig.from_dict({"communication": {"compression": "powersgd",
+                                                    "powersgd": powersgd}})
+
+
+@pytest.mark.parametrize("compression", ["none", "fp16", "bf16"])
+def test_powersgd_keys_need_compression_powersgd(compression):
+    with pytest.raises(ConfigError, match=(
+        f"communication.powersgd is set but communication.compression='{compression}'; its "
+        "keys apply only to compression 'powersgd'")):
+        StrategyConfig().override({"communication.compression": compression,
+                                   "communication.powersgd.rank": 2})
+
+
+def test_powersgd_typo_in_a_yaml_file_names_the_line(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text(textwrap.dedent("""\
+        communication:
+          compression: powersgd
+          powersgd:
+            rank: 2
+            warmup_step: 10
+        """))
+    with pytest.raises(ConfigError, match=r'typo.yaml:5: Unknown config key '
+                                          r'"communication.powersgd.warmup_step". Did you mean '
+                                          r'"communication.powersgd.warmup_steps"'):
+        StrategyConfig.from_yaml(path)

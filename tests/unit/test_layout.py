@@ -20,6 +20,7 @@ PURE_MODULES = [
     "hybridpar.topology.plan",
     "hybridpar.topology.ps_cluster",
     "hybridpar.parallel.schedule",
+    "hybridpar.parallel.compression_plan",
     "hybridpar.checkpoint.files",
     "hybridpar.launch",
 ]

@@ -2,8 +2,8 @@
 
 With --die_at STEP, task --die_task (on the first run only, HYBRIDPAR_RESTART=0) sends
 itself --die_signal (KILL or TERM) right after that optimizer step. The script writes
-its final weights, optimizer step and the checkpoint it resumed from to
-`<out>/<task>-run<restart>.json`.
+its final weights, optimizer step, PowerSGD state (with --compression powersgd) and the
+checkpoint it resumed from to `<out>/<task>-run<restart>.json`.
 """
 
 import argparse
@@ -43,6 +43,13 @@ class Die(keras.callbacks.Callback):
             os.kill(os.getpid(), self.signum)
 
 
+def compression_state(model: keras.Model, hs: hybridpar.HybridStrategy) -> list:
+    """PowerSGD's error memories (all replicas) and Q factors, as a checkpoint holds them."""
+    compression = hs.state.compression
+    powersgd = compression.state_for(model.optimizer) if compression is not None else None
+    return [a.tolist() for a in powersgd.capture(hs.strategy)] if powersgd else []
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -52,6 +59,9 @@ def main() -> None:
     parser.add_argument("--die_at", type=int, default=0)
     parser.add_argument("--die_task", default="worker:1")
     parser.add_argument("--die_signal", default="KILL", choices=["KILL", "TERM"])
+    parser.add_argument("--compression", default="none",
+                        choices=["none", "fp16", "bf16", "powersgd"])
+    parser.add_argument("--rank", type=int, default=2, help="PowerSGD's rank")
     args = parser.parse_args()
     task = os.environ.get("HYBRIDPAR_TASK", "single")
     restart = int(os.environ.get("HYBRIDPAR_RESTART", "0"))
@@ -62,8 +72,10 @@ def main() -> None:
         "data": {"global_batch_size": GLOBAL_BATCH, "shard_policy": "data"},
         "checkpoint": {"dir": args.ckpt, "every_steps": args.every_steps, "every_epochs": 1,
                        "keep": 3},
-        "communication": {"timeout_seconds": 60},
+        "communication": {"timeout_seconds": 60, "compression": args.compression},
     }
+    if args.compression == "powersgd":
+        config["communication"]["powersgd"] = {"rank": args.rank, "min_elements": 0}
     with hybridpar.scope(config) as hs:
         model = keras.Sequential([
             keras.Input((12,)),
@@ -85,6 +97,7 @@ def main() -> None:
         "restored_step": restored.step if restored else None,
         "history": history.history,
         "weights": [w.tolist() for w in model.get_weights()],
+        "compression_state": compression_state(model, hs),
     }
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
