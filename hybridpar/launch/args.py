@@ -51,6 +51,7 @@ class LaunchOptions:
     command: list[str]
     workers: int
     ps: int = 0
+    evaluator: bool = False
     max_restarts: int = 0
     timeout: float | None = None
     host: str = DEFAULT_HOST
@@ -60,8 +61,8 @@ class LaunchOptions:
 def _launch_parser() -> _Parser:
     parser = _Parser(
         prog="hybridpar launch",
-        usage="hybridpar launch --workers N [--ps M] [--max-restarts K] [--timeout SECONDS] "
-        "[--host HOST] [--grace SECONDS] -- CMD [ARGS...]",
+        usage="hybridpar launch --workers N [--ps M] [--evaluator] [--max-restarts K] "
+        "[--timeout SECONDS] [--host HOST] [--grace SECONDS] -- CMD [ARGS...]",
         description="Start a local TensorFlow cluster: one process per task, each running CMD "
         "with its own TF_CONFIG, HYBRIDPAR_TASK and HYBRIDPAR_RESTART.",
     )
@@ -71,6 +72,13 @@ def _launch_parser() -> _Parser:
         type=int,
         default=0,
         help="parameter-server tasks; > 0 adds a chief (parameter-server mode)",
+    )
+    parser.add_argument(
+        "--evaluator",
+        action="store_true",
+        help="add one evaluator task (sidecar evaluation of the chief's checkpoints); the "
+        "cluster is done when the chief and the evaluator are, and an evaluator failure is "
+        "reported without stopping training",
     )
     parser.add_argument(
         "--max-restarts",
@@ -127,7 +135,8 @@ def parse_launch_args(argv: Sequence[str]) -> LaunchOptions:
         )
     check_launch_options(args.workers, args.ps, args.max_restarts, args.timeout, args.grace)
     return LaunchOptions(
-        command, args.workers, args.ps, args.max_restarts, args.timeout, args.host, args.grace
+        command, args.workers, args.ps, args.evaluator, args.max_restarts, args.timeout,
+        args.host, args.grace,
     )
 
 
@@ -153,6 +162,7 @@ def main(argv: list[str]) -> int:
         options.command,
         options.workers,
         options.ps,
+        evaluator=options.evaluator,
         max_restarts=options.max_restarts,
         timeout=options.timeout,
         host=options.host,
@@ -174,7 +184,10 @@ def tf_config_from_args(argv: Sequence[str]) -> dict:
     parser.add_argument("--workers", required=True, help="host:port,host:port,... of the workers")
     parser.add_argument("--chief", default=None, help="host:port of the chief (optional)")
     parser.add_argument("--ps", default=None, help="host:port,... of the parameter servers")
-    parser.add_argument("--type", default="worker", help="this machine's task type")
+    parser.add_argument("--evaluator", default=None,
+                        help="host:port of the evaluator (at most one; it runs no server)")
+    parser.add_argument("--type", default="worker",
+                        help="this machine's task type: chief, worker, ps or evaluator")
     parser.add_argument("--index", type=int, required=True, help="this machine's task index")
     args = parser.parse_args(list(argv))
     cluster: dict[str, list[str]] = {}
@@ -183,6 +196,13 @@ def tf_config_from_args(argv: Sequence[str]) -> dict:
     cluster["worker"] = parse_address_list(args.workers, "--workers")
     if args.ps is not None:
         cluster["ps"] = parse_address_list(args.ps, "--ps")
+    if args.evaluator is not None:
+        if "," in args.evaluator:
+            raise UsageError(
+                "a cluster has at most one evaluator (TensorFlow's rule). Received: "
+                f"--evaluator {args.evaluator!r}. Give one host:port."
+            )
+        cluster["evaluator"] = [parse_address(args.evaluator, "--evaluator")]
     check_unique_addresses(cluster)
     return make_tf_config(cluster, args.type, args.index)
 

@@ -26,6 +26,7 @@ def launch(
     num_workers: int,
     num_ps: int = 0,
     *,
+    evaluator: bool = False,
     max_restarts: int = 0,
     timeout: float | None = None,
     host: str = DEFAULT_HOST,
@@ -36,7 +37,8 @@ def launch(
 ) -> int:
     """Runs ``command`` as a local cluster and returns the exit code (see the module doc).
 
-    ``timeout`` counts from the first start, restarts included. A second signal
+    With ``evaluator``, one ``evaluator`` task runs ``command`` too. ``timeout``
+    counts from the first start, restarts included. A second signal
     during the graceful stop skips straight to SIGKILL.
 
     Raises:
@@ -45,7 +47,8 @@ def launch(
     if not command:
         raise UsageError(f"no command to run. Put it after `--`, e.g. {LAUNCH_EXAMPLE}.")
     check_launch_options(num_workers, num_ps, max_restarts, timeout, grace)
-    tasks = task_layout(num_workers, num_ps)
+    tasks = task_layout(num_workers, num_ps, evaluator)
+    trainers = sum(task.type != "evaluator" for task in tasks)
     output = Output(stdout, stderr)
     deadline = None if timeout is None else time.monotonic() + timeout
     previous_ports: list[int] = []
@@ -87,7 +90,7 @@ def launch(
                 continue
             if signals.first() and outcome.reason != "signal":
                 outcome = Outcome("signal", 128 + signals.received[0], signum=signals.received[0])
-            output.info(summary_line(outcome, len(tasks), cluster.ps_mode, timeout))
+            output.info(summary_line(outcome, trainers, cluster.ps_mode, timeout))
             return outcome.exit_code
     raise AssertionError("unreachable")  # pragma: no cover
 

@@ -22,6 +22,7 @@ from hybridpar.launch.tasks import (
     DEFAULT_GRACE,
     Outcome,
     ends_cluster,
+    evaluator_exit_line,
     is_ps_mode,
     ps_mode_exit,
     task_environment,
@@ -118,6 +119,7 @@ class LocalCluster:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._readers: list[threading.Thread] = []
         self._status: dict[int, int] = {}
+        self._last_trainer: Task | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -161,12 +163,38 @@ class LocalCluster:
             if task.type == "worker" and i not in self._status
         )
 
+    def _status_of(self, task_type: str) -> int | None:
+        """The exit status of the first task of ``task_type``, or None while it runs (or
+        when there is none)."""
+        for i, task in enumerate(self.tasks):
+            if task.type == task_type:
+                return self._status.get(i)
+        return None
+
+    def _evaluator_running(self) -> bool:
+        return any(t.type == "evaluator" and i not in self._status
+                   for i, t in enumerate(self.tasks))
+
+    def _finished(self, task: Task) -> Outcome:
+        evaluator = self._status_of("evaluator")
+        return Outcome("finished", 0, task, evaluator_status=evaluator)
+
+    def _training_done(self) -> bool:
+        if self.ps_mode:
+            return self._status_of("chief") == 0
+        return all(self._status.get(i) == 0 for i, t in enumerate(self.tasks)
+                   if t.type != "evaluator")
+
     def _ps_mode_exit(self, i: int, status: int) -> Outcome | None:
         task = self.tasks[i]
         restarts_left = self.max_restarts - self.restart - self.task_restarts
-        action = ps_mode_exit(task, status, self._workers_alive(), restarts_left)
+        chief_done = task.type != "chief" and self._status_of("chief") == 0
+        action = ps_mode_exit(task, status, self._workers_alive(), restarts_left,
+                              evaluator_running=self._evaluator_running(), chief_done=chief_done)
+        if action == "end" and task.type == "evaluator":
+            return self._finished(Task("chief", 0))
         if action == "end":
-            return Outcome("failed" if status else "finished", status, task)
+            return Outcome("failed", status, task) if status else self._finished(task)
         if action == "restart_task":
             self.task_restarts += 1
             restart = self.restart + self.task_restarts
@@ -191,6 +219,12 @@ class LocalCluster:
                 continue
             status = self._status[i] = exit_status(returncode)
             task = self.tasks[i]
+            if task.type == "evaluator":
+                line = evaluator_exit_line(status, self._training_done())
+                if line:
+                    self._output.info(line)
+            else:
+                self._last_trainer = task
             if self.ps_mode:
                 outcome = self._ps_mode_exit(i, status)
                 if outcome is not None:
@@ -199,7 +233,7 @@ class LocalCluster:
             if ends_cluster(task, status, self.ps_mode):
                 return Outcome("failed" if status else "finished", status, task)
             if len(self._status) == len(self._procs):
-                return Outcome("finished", 0, task)
+                return self._finished(self._last_trainer)
         return None
 
     def wait(

@@ -21,6 +21,7 @@ PURE_MODULES = [
     "hybridpar.topology.ps_cluster",
     "hybridpar.parallel.schedule",
     "hybridpar.checkpoint.files",
+    "hybridpar.checkpoint.watch",
     "hybridpar.launch",
 ]
 
