@@ -26,3 +26,19 @@ def digits_data_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     data_dir = tmp_path_factory.mktemp("tfds")
     hybridpar.data.load_tfds("hybridpar_digits", "train", data_dir)
     return str(data_dir)
+
+
+@pytest.fixture(scope="session")
+def tensorboard_scalars():
+    """Reads TensorBoard event files back: ``read(log_dir)`` -> {step: {scalar tags}}."""
+    import tensorflow as tf
+
+    def read(log_dir) -> dict[int, set[str]]:
+        found: dict[int, set[str]] = {}
+        for path in sorted(log_dir.glob("events.out.tfevents.*")):
+            for event in tf.compat.v1.train.summary_iterator(str(path)):
+                for value in event.summary.value:
+                    found.setdefault(event.step, set()).add(value.tag)
+        return found
+
+    return read

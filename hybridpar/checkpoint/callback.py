@@ -284,28 +284,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         )
 
     def _restore_asynchronous(self, found: files.Found) -> None:
-        """Parameter-server resume: inside the saved epoch, or at the next one.
-
-        Workers read their input asynchronously, so there is no iterator
-        position to skip to: the steps done in the saved epoch are not
-        scheduled again, and each worker's input starts from its beginning.
-        That needs the epoch to have the length it had when the checkpoint
-        was written; otherwise training resumes at the next epoch.
-        """
-        data = found.manifest["data"]
-        epoch, batch = int(data["epoch"]), int(data["batch"])
-        steps, written = self.params.get("steps"), data.get("steps_per_epoch")
-        if batch == 0:
-            where = f"at the start of epoch {epoch + 1}"
-        elif steps is not None and (batch >= steps or written not in (None, steps)):
-            why = (f"it was written with steps_per_epoch={written} and this fit has {steps}"
-                   if written not in (None, steps) else "its epoch had ended")
-            where = (f"at the start of epoch {epoch + 2}, not inside epoch {epoch + 1} after "
-                     f"its step {batch}: {why}")
-            epoch, batch = epoch + 1, 0
-        else:
-            where = (f"inside epoch {epoch + 1}, after its first {batch} step(s); each "
-                     "worker's input starts again from its beginning")
+        """Parameter-server resume: inside the saved epoch, or at the next one."""
+        epoch, batch, where = files.asynchronous_resume(found.manifest, self.params.get("steps"))
         self.model._initial_epoch = epoch
         self.model._hybridpar_initial_batch = batch  # read by the parameter-server fit loop
         self._epoch, self._initial_batch = epoch, batch

@@ -282,6 +282,33 @@ def resume_plan(
     return epoch, batch, max(position - batch, 0) if persists else 0
 
 
+def asynchronous_resume(
+    manifest: dict[str, Any], steps_per_epoch: int | None
+) -> tuple[int, int, str]:
+    """Where parameter-server training resumes: ``(epoch, steps of it done, how, in words)``.
+
+    Workers read their input asynchronously, so there is no iterator
+    position to skip to: the steps done in the saved epoch are not scheduled
+    again, and each worker's input starts from its beginning. That needs the
+    epoch to have the length it had when the checkpoint was written (its
+    ``steps_per_epoch``, recorded by parameter-server saves); otherwise, or
+    when the epoch had ended, training resumes at the next epoch.
+    """
+    data = manifest["data"]
+    epoch, batch = int(data["epoch"]), int(data["batch"])
+    written = data.get("steps_per_epoch")
+    if batch == 0:
+        return epoch, 0, f"at the start of epoch {epoch + 1}"
+    changed = written is not None and steps_per_epoch is not None and written != steps_per_epoch
+    if changed or (steps_per_epoch is not None and batch >= steps_per_epoch):
+        why = (f"it was written with steps_per_epoch={written} and this fit has "
+               f"{steps_per_epoch}" if changed else "its epoch had ended")
+        return epoch + 1, 0, (f"at the start of epoch {epoch + 2}, not inside epoch "
+                              f"{epoch + 1} after its step {batch}: {why}")
+    return epoch, batch, (f"inside epoch {epoch + 1}, after its first {batch} step(s); each "
+                          "worker's input starts again from its beginning")
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -82,19 +82,24 @@ def epoch_index(manifest: dict[str, Any]) -> int:
 
 
 def check_readable(directory: Path) -> None:
-    """Fails early when ``directory`` exists but cannot be listed and read.
+    """Fails early when ``directory`` cannot be listed and read, now or once it exists.
 
-    A directory that does not exist yet is fine: the chief creates it.
+    A directory that does not exist yet is fine (the chief creates it) when
+    its nearest existing ancestor is a directory this process can enter.
 
     Raises:
         ConfigError: naming ``checkpoint.dir``, the directory and the problem.
     """
     problem = None
     try:
-        if directory.exists() and not directory.is_dir():
-            problem = "it is not a directory"
-        elif directory.exists() and not os.access(directory, os.R_OK | os.X_OK):
-            problem = "this process may not list and read it"
+        existing = directory
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        where = "it" if existing == directory else f"{existing}"
+        if not existing.is_dir():
+            problem = f"{where} is not a directory"
+        elif not os.access(existing, os.R_OK | os.X_OK):
+            problem = f"this process may not list and read {where}"
     except OSError as err:
         problem = f"{err.strerror or err}"
     if problem:

@@ -25,12 +25,13 @@ BIN = pathlib.Path(sys.executable).parent
 
 
 def launch(workers: int, ps: int, *command: str, max_restarts: int = 0,
-           timeout: float = 180) -> subprocess.CompletedProcess:
+           timeout: float = 180, evaluator: bool = False) -> subprocess.CompletedProcess:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("TF_CONFIG", None)
     return subprocess.run(
         [sys.executable, "-m", "hybridpar.launch", "--workers", str(workers), "--ps", str(ps),
-         "--max-restarts", str(max_restarts), "--timeout", str(timeout), "--", *command],
+         *(["--evaluator"] if evaluator else []), "--max-restarts", str(max_restarts),
+         "--timeout", str(timeout), "--", *command],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout + 60,
     )
 

@@ -256,3 +256,17 @@ def test_keys_lists_every_dotted_key():
     assert "data.global_batch_size" in keys
     assert "parameter_server.partitioner.shards" in keys
     assert "communication.compression" in keys
+
+
+def test_evaluator_section_defaults_and_ranges():
+    settings = StrategyConfig().evaluator
+    assert (settings.log_dir, settings.poll_seconds, settings.timeout_seconds) == (None, 1.0, None)
+    keys = StrategyConfig.keys()
+    assert "evaluator.poll_seconds" in keys
+    with pytest.raises(ConfigError, match=r"evaluator.poll_seconds must be > 0. Received: "
+                                          r"evaluator.poll_seconds=0"):
+        StrategyConfig().override({"evaluator.poll_seconds": 0})
+    with pytest.raises(ConfigError, match="evaluator.timeout_seconds must be > 0 or null"):
+        StrategyConfig().override({"evaluator.timeout_seconds": -1})
+    with pytest.raises(ConfigError, match='Did you mean "evaluator.log_dir"'):
+        StrategyConfig.from_dict({"evaluator": {"logdir": "x"}})
