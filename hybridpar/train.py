@@ -140,7 +140,7 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
         input_shape = tuple(train_data.element_spec[0].shape[1:])
         model = build_model(config, info.features[info.supervised_keys[1]].num_classes, input_shape)
     throughput = Throughput(batch)
-    log_dir = model_dir / "logs"
+    log_dir = Path(config.evaluator.log_dir) if hybrid.is_evaluator else model_dir / "logs"
     timeline = (
         [PipelineTimeline(model_dir, steps=settings.timeline_steps)]
         if settings.timeline_steps

@@ -18,7 +18,6 @@ import tensorflow as tf
 
 from hybridpar.compat import ps_chief, ps_evaluator_job
 from hybridpar.config import PartitionerConfig
-from hybridpar.errors import RuntimeMismatchError
 from hybridpar.state import OwnedStrategy, StrategyState
 from hybridpar.strategies.ps_training import ParameterServerRunner
 from hybridpar.topology.cluster import ClusterInfo
@@ -79,18 +78,14 @@ class HybridParameterServerStrategy(
 def build(state: StrategyState) -> HybridParameterServerStrategy:
     """The chief's strategy and its coordinator; on worker and ps tasks this never returns.
 
+    The evaluator task never gets here: its plan is local (``topology.plan``).
+
     Raises:
-        RuntimeMismatchError: for a cluster that cannot train this way, or a
-            task with no role in it.
+        RuntimeMismatchError: for a cluster that cannot train this way.
     """
     cluster = check_cluster(state.cluster, state.config)
     if cluster.task_type in ("worker", "ps"):
         serve(cluster)
-    if cluster.task_type != "chief":
-        raise RuntimeMismatchError(
-            f"Task {cluster.task} has no role in parameter-server "
-            "training; only chief, worker and ps tasks run hybridpar.scope()."
-        )
     strategy = HybridParameterServerStrategy(state)
     state.runner = ParameterServerRunner(strategy, cluster)
     return strategy

@@ -21,6 +21,11 @@ on the workers. hybridpar's path, learnt from tf_keras's
   (``compat.shard_views``); an ``Embedding`` gathers only the rows it
   looks up, shard by shard.
 
+With ``hs.callbacks()``, SIGTERM on the chief stops the scheduling before the
+next step, joins the steps in flight, saves and exits (``checkpoint.preemption``);
+a relaunch resumes inside that epoch, skipping the steps its checkpoint says
+are done (``model._hybridpar_initial_batch``, set by ``PeriodicCheckpoint``).
+
 If a worker dies, the coordinator re-runs its unfinished steps on the others
 (at least once: a step that updated the ps just before the worker died runs
 again) and takes the worker back when it returns; if a parameter server dies, ``fit`` raises
