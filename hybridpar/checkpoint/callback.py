@@ -149,7 +149,10 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             self._wrap_train_function()
         if self.resume:
             self._restore()
-        self._last_saved = self._step() if self.restored is not None or not self.records_end else -1
+        # The restored step is on disk; with an evaluator, so must be the final one, even when
+        # it is the step this fit started at.
+        fresh = self.restored is None and self.records_end
+        self._last_saved = -1 if fresh else self._step()
         if self.preemption:
             self._watcher = self._preemption_watcher()
             if self._watcher is not None:

@@ -54,6 +54,7 @@ logger = logging.getLogger("hybridpar")
 
 
 def _exit_preempted() -> None:
+    """Exits with ``PREEMPTED_EXIT_CODE`` once the checkpoint is saved."""
     logger.warning("hybridpar: preempted; checkpoint saved, exiting with %d.",
                    PREEMPTED_EXIT_CODE)
     logging.shutdown()
@@ -76,7 +77,7 @@ class PreemptionWatcher:
         atexit.register(shutil.rmtree, private, ignore_errors=True)
         previous = signal.getsignal(signal.SIGTERM)
         config = tf.distribute.experimental.TerminationConfig(
-            exit_fn=self._exit, save_fn=self._save_now
+            exit_fn=_exit_preempted, save_fn=self._save_now
         )
         self.handler = tf.distribute.experimental.PreemptionCheckpointHandler(
             resolver, tf.train.Checkpoint(), checkpoint_dir=private, termination_config=config
@@ -96,9 +97,6 @@ class PreemptionWatcher:
         if self._save is not None:
             self._save()
         self.saved = True
-
-    def _exit(self) -> None:
-        _exit_preempted()
 
     def activate(self, save: Callable[[], None]) -> None:
         """Handles SIGTERM from now on; ``save`` writes the checkpoint when it is time."""
