@@ -11,7 +11,7 @@ one exists) and registers a ``patching.Fix``. Two kinds:
   they act only on strategies hybridpar built, by construction;
 - patches of Keras/TensorFlow attributes (``symbolic_build``,
   ``replica_share``, ``gradient_all_reduce``, ``metric_reduction``,
-  ``unbatched_input``, ``chief_files``, ``microbatch_step``, the stage hooks
+  ``unbatched_input``, ``chief_files``, ``microbatch_step``, ``legacy_keras``, the stage hooks
   ``stage_marks``/``stage_calls``/``stage_gradients``, and the
   parameter-server fixes ``shard_views``, ``sharded_embedding``,
   ``sharded_numpy``, ``atomic_updates``, and ``runner_routing``, which sends
@@ -36,6 +36,7 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     collective_restart,
     even_batches,
     gradient_all_reduce,
+    legacy_keras,
     metric_reduction,
     microbatch_step,
     ps_chief,

@@ -1,13 +1,13 @@
 """`hybridpar launch --evaluator` and `hybridpar tf-config --evaluator`: pure logic, then clusters.
 
 The clusters run the small tasks of tests/unit/launch_scripts/task.py (no
-TensorFlow), with the helpers of test_launch.py.
+TensorFlow), with the helpers of tests/launch_helpers.py, every task shown whole.
 """
 
 import json
 
 import pytest
-from test_launch import assert_no_survivors, records, records_of, run_launch  # noqa: F401
+from launch_helpers import assert_no_survivors, records_of, run_launch
 
 from hybridpar.launch import args, tasks
 from hybridpar.launch.tasks import Outcome, UsageError
@@ -102,10 +102,10 @@ def test_two_evaluators_in_tf_config_are_refused():
         parse_tf_config(text)
 
 
-def test_worker_only_cluster_waits_for_the_evaluator(records):  # noqa: F811
+def test_worker_only_cluster_waits_for_the_evaluator(records):
     plan = {"*": {"sleep": 0}, "evaluator:0": {"wait_for": ["worker:1"], "sleep": 1,
                                                "stdout": "evaluated"}}
-    result, _ = run_launch(["--workers", "2", "--evaluator"], plan, records)
+    result, _ = run_launch(["--console", "all", "--workers", "2", "--evaluator"], plan, records)
     assert result.returncode == 0, result.stderr
     assert "[evaluator:0] evaluated" in result.stdout
     config = records_of(records)["evaluator:0@0"]["tf_config"]
@@ -116,10 +116,10 @@ def test_worker_only_cluster_waits_for_the_evaluator(records):  # noqa: F811
     assert_no_survivors(records)
 
 
-def test_a_failed_evaluator_is_reported_and_training_goes_on(records):  # noqa: F811
+def test_a_failed_evaluator_is_reported_and_training_goes_on(records):
     plan = {"*": {"wait_for": ["evaluator:0"], "sleep": 1, "stdout": "trained"},
             "evaluator:0": {"wait_for": [], "sleep": 0, "exit": 3}}
-    result, _ = run_launch(["--workers", "1", "--ps", "1", "--evaluator"],
+    result, _ = run_launch(["--console", "all", "--workers", "1", "--ps", "1", "--evaluator"],
                            {**plan, "ps:0": {"sleep": 600}, "worker:0": {"sleep": 600}}, records)
     assert result.returncode == 0, result.stderr
     assert ("task evaluator:0 exited with 3 while training goes on without it") in result.stderr
@@ -129,10 +129,11 @@ def test_a_failed_evaluator_is_reported_and_training_goes_on(records):  # noqa: 
     assert_no_survivors(records)
 
 
-def test_parameter_server_cluster_ends_when_the_evaluator_is_done(records):  # noqa: F811
+def test_parameter_server_cluster_ends_when_the_evaluator_is_done(records):
     plan = {"*": {"sleep": 600}, "chief:0": {"wait_for": ["evaluator:0"], "sleep": 0},
             "evaluator:0": {"wait_for": ["chief:0"], "sleep": 2, "stdout": "last checkpoint"}}
-    result, _ = run_launch(["--workers", "1", "--ps", "1", "--evaluator"], plan, records)
+    result, _ = run_launch(["--console", "all", "--workers", "1", "--ps", "1", "--evaluator"],
+                           plan, records)
     assert result.returncode == 0, result.stderr
     assert "[evaluator:0] last checkpoint" in result.stdout  # not stopped with the chief
     assert "task chief:0 exited with 0; evaluator:0 exited with 0" in result.stderr
