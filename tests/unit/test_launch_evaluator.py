@@ -75,6 +75,10 @@ def test_launch_flag_and_tf_config_for_the_evaluator():
     options = args.parse_launch_args(["--workers", "2", "--evaluator", "--", "python", "t.py"])
     assert options.evaluator and options.workers == 2
     assert not args.parse_launch_args(["--workers", "2", "--", "python"]).evaluator
+    # LaunchOptions.tasks is every engine's layout: the Ray engine starts the evaluator too.
+    ray = args.parse_launch_args(["--engine", "ray", "--workers", "1", "--ps", "1",
+                                  "--evaluator", "--", "python", "t.py"])
+    assert [str(t) for t in ray.tasks] == ["chief:0", "worker:0", "ps:0", "evaluator:0"]
     config = args.tf_config_from_args(
         ["--workers", "a:1,b:2", "--evaluator", "c:3", "--type", "evaluator", "--index", "0"])
     assert config == {"cluster": {"worker": ["a:1", "b:2"], "evaluator": ["c:3"]},
