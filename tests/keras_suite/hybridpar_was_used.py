@@ -3,8 +3,8 @@
 It builds and trains a model under a hybridpar scope with ``model_parallel.stages: 2``
 (installing the core and stage fixes), keeps the strategy and model alive, and
 holds the parameter-server and runner-routing fixes too, so every patch hybridpar
-has stays in place while the tests of the installed Keras run. ``test_keras_suite.py`` runs those tests
-with and without this plugin and compares the outcomes.
+has stays in place while the tests of the installed Keras run. ``test_keras_suite.py``
+runs those tests with and without this plugin and compares the outcomes.
 """
 
 import contextlib
