@@ -80,9 +80,16 @@ class HybridStrategy:
         """True for the process that writes logs, checkpoints and saved models."""
         return self.state.is_chief
 
+    @property
+    def is_evaluator(self) -> bool:
+        """True on the cluster's ``evaluator`` task: ``fit`` evaluates the chief's
+        checkpoints instead of training (``hybridpar.strategies.evaluator``)."""
+        return self.state.is_evaluator
+
     def output_dir(self, path: str | os.PathLike) -> Path:
         """Where this process writes files meant for ``path``: ``path`` on the chief,
-        a private temporary directory (removed at exit) on other workers."""
+        ``path/evaluator`` on the evaluator, a private temporary directory (removed
+        at exit) on other workers."""
         return self.state.output_dir(path)
 
     def describe(self, model: Any) -> report.PlacementReport:
@@ -132,7 +139,8 @@ class HybridStrategy:
     def __repr__(self) -> str:
         return (
             f"HybridStrategy(mode={self.mode!r}, num_replicas={self.num_replicas}, "
-            f"devices={list(self.devices)}, is_chief={self.is_chief})"
+            f"devices={list(self.devices)}, is_chief={self.is_chief}"
+            f"{', is_evaluator=True' if self.is_evaluator else ''})"
         )
 
 

@@ -33,8 +33,9 @@ class StrategyState:
         plan: mode, device mesh and worker count, checked against the runtime.
         cluster: the TF_CONFIG cluster, or ``None`` for a single process.
         placer: where each model-parallel stage's variables and ops go.
-        runner: in parameter-server mode, what runs ``fit``/``evaluate``/
-            ``predict`` on the chief (``None`` elsewhere).
+        runner: what runs ``fit``/``evaluate``/``predict`` of the strategy's
+            models instead of Keras (``compat.runner_routing``): the
+            parameter-server chief's, or the evaluator's; ``None`` elsewhere.
         preemption: the preemption watcher, once ``fit`` created one.
         compression: ``communication.compression`` at work
             (``hybridpar.parallel.compression.GradientCompression``), or
@@ -74,16 +75,24 @@ class StrategyState:
         """True for the process that writes logs, checkpoints and saved models."""
         return self.cluster is None or self.cluster.is_chief
 
+    @property
+    def is_evaluator(self) -> bool:
+        """True on the cluster's ``evaluator`` task (sidecar evaluation, no training)."""
+        return self.plan.evaluator
+
     def output_dir(self, path: str | os.PathLike) -> Path:
         """Where this process writes files meant for ``path``.
 
-        The chief writes to ``path`` itself; every other worker gets a private
-        temporary directory, removed when the process exits, so logs, saved
-        models and checkpoints come from the chief only and workers never
-        collide on a shared file system.
+        The chief writes to ``path`` itself and the evaluator to
+        ``path/evaluator``, its own files beside the chief's; every other
+        worker gets a private temporary directory, removed when the process
+        exits, so logs, saved models and checkpoints come from the chief only
+        and workers never collide on a shared file system.
         """
         if self.is_chief:
             return Path(path)
+        if self.is_evaluator:
+            return Path(path) / "evaluator"
         task = f"{self.cluster.task_type}-{self.cluster.task_index}" if self.cluster else "task"
         private = Path(tempfile.mkdtemp(prefix=f"hybridpar-{task}-"))
         atexit.register(shutil.rmtree, private, ignore_errors=True)

@@ -110,7 +110,10 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
 
     Writes TensorBoard logs to ``<model_dir>/logs``, the saved model to
     ``<model_dir>/model.keras`` and the summary to ``<model_dir>/summary.json``
-    (on the chief; other workers write to private temporary dirs).
+    (on the chief; other workers write to private temporary dirs). On the
+    cluster's evaluator task ``fit`` evaluates the chief's checkpoints: its
+    summaries go to ``<model_dir>/logs/evaluation`` (unless
+    ``evaluator.log_dir`` is set), its other files to ``<model_dir>/evaluator``.
 
     Raises:
         ConfigError: for a config that cannot train (before any training).
@@ -123,6 +126,9 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
             "hybridpar train needs data.global_batch_size. Received: null. "
             "Set it in the config or with --set data.global_batch_size=64."
         )
+    if config.evaluator.log_dir is None:
+        evaluation_logs = Path(model_dir) / "logs" / "evaluation"
+        config = config.override({"evaluator.log_dir": str(evaluation_logs)})
     info = data.dataset_info(settings.dataset, settings.data_dir)
     keras.utils.set_random_seed(settings.seed)
     started = time.perf_counter()
@@ -137,7 +143,7 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
         input_shape = tuple(train_data.element_spec[0].shape[1:])
         model = build_model(config, info.features[info.supervised_keys[1]].num_classes, input_shape)
     throughput = Throughput(batch)
-    log_dir = model_dir / "logs"
+    log_dir = Path(config.evaluator.log_dir) if hybrid.is_evaluator else model_dir / "logs"
     timeline = (
         [PipelineTimeline(model_dir, steps=settings.timeline_steps)]
         if settings.timeline_steps
@@ -174,7 +180,7 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
         devices=list(hybrid.devices),
         global_batch_size=batch,
         epochs=settings.epochs,
-        examples_per_sec=sum(rates) / len(rates),
+        examples_per_sec=sum(rates) / len(rates) if rates else 0.0,  # none on the evaluator
         train_metrics=_final(history.history, prefix_excluded="val_"),
         eval_metrics={k: float(v) for k, v in eval_metrics.items()},
         model_path=str(model_path),
@@ -201,5 +207,5 @@ def _final(history: dict[str, list[Any]], prefix_excluded: str) -> dict[str, flo
     return {
         k: float(v[-1])
         for k, v in history.items()
-        if not k.startswith(prefix_excluded) and k != "examples_per_sec"
+        if not k.startswith(prefix_excluded) and k not in ("examples_per_sec", "step")
     }

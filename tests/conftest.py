@@ -40,3 +40,19 @@ def records(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
     for pid in all_pids(directory):  # never leave a sleeper behind, whatever happened
         if is_alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def tensorboard_scalars():
+    """Reads TensorBoard event files back: ``read(log_dir)`` -> {step: {scalar tags}}."""
+    import tensorflow as tf
+
+    def read(log_dir) -> dict[int, set[str]]:
+        found: dict[int, set[str]] = {}
+        for path in sorted(log_dir.glob("events.out.tfevents.*")):
+            for event in tf.compat.v1.train.summary_iterator(str(path)):
+                for value in event.summary.value:
+                    found.setdefault(event.step, set()).add(value.tag)
+        return found
+
+    return read

@@ -57,8 +57,17 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
     In parameter-server mode steps run asynchronously on the workers, so a
     step count does not name one consistent state: checkpoints are written at
     the end of each ``every_epochs``-th epoch (after the coordinator joined
-    every step), ``every_steps`` is not applied, and a relaunch resumes at the
-    next epoch.
+    every step) and ``every_steps`` is not applied. SIGTERM on the chief
+    stops the scheduling of steps, joins those in flight, saves the exact
+    step count and the steps done in the epoch, and exits with
+    ``PREEMPTED_EXIT_CODE``. A relaunch resumes inside that epoch when the
+    checkpoint's epoch length matches this ``fit``'s ``steps_per_epoch``
+    (each worker's input starts again from its beginning), else at the next
+    epoch; the log says which.
+
+    When the cluster has an ``evaluator`` task, ``fit``'s end is always
+    checkpointed and the chief records it (``files.write_end``), so the
+    evaluator knows which checkpoint is the last.
 
     Args:
         config: the ``checkpoint`` section (``dir`` must be set).
@@ -99,6 +108,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self.resume = config.backup_and_restore if resume is None else resume
         self.preemption = preemption
         self.asynchronous = self.state is not None and self.state.mode == "parameter_server"
+        cluster = self.state.cluster if self.state is not None else None
+        self.records_end = cluster is not None and "evaluator" in cluster.jobs
         if self.asynchronous and self.every_steps:
             logger.warning(
                 "hybridpar: checkpoint.every_steps=%d is not applied in parameter-server mode "
@@ -122,6 +133,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self._pending_metrics: dict[str, Any] | None = None
         self._epoch_save_pending = False
         self._watcher: Any = None
+        self._initial_batch = 0
 
     def _step(self) -> int:
         return int(self.model.optimizer.iterations.numpy())
@@ -131,11 +143,16 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._reset_position()
         self.restored = None
+        if self.records_end and self.writes:
+            files.remove_end(self.directory)
         if not self.asynchronous:
             self._wrap_train_function()
         if self.resume:
             self._restore()
-        self._last_saved = self._step()
+        # The restored step is on disk; with an evaluator, so must be the final one, even when
+        # it is the step this fit started at.
+        fresh = self.restored is None and self.records_end
+        self._last_saved = -1 if fresh else self._step()
         if self.preemption:
             self._watcher = self._preemption_watcher()
             if self._watcher is not None:
@@ -144,9 +161,15 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch, self._batch = epoch, 0
         if self._pending_metrics is not None:
-            if self._skip_calls or self._skip_extra:
+            if self._skip_calls or self._skip_extra or self._initial_batch:
                 model_state.assign_group(self.model, "metrics", self._pending_metrics)
             self._pending_metrics = None
+        if self._initial_batch:
+            self._batch, self._initial_batch = self._initial_batch, 0
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.asynchronous and self._watcher is not None:
+            self._watcher.step_done()  # before the step is scheduled: stop scheduling here
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._batch = batch + 1
@@ -171,14 +194,26 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         if self._epoch_save_pending:
             self._epoch_save_pending = False
             self.save()
+        if self.records_end:
+            self._record_end()
         if self._original_train_function is not None:
             self.model.train_function = self._original_train_function
         if self.restored is not None:
             self.model._initial_epoch = None  # set by _restore, as Keras's BackupAndRestore does
+            self.model._hybridpar_initial_batch = 0
         self._iterator = None
         if self._watcher is not None:
             self._watcher.deactivate()
             self._watcher = None
+
+    def _record_end(self) -> None:
+        """Checkpoints the final step (every worker takes part) and records the end."""
+        self.save(reason="final")
+        if self.writes:
+            files.write_end(self.directory, step=self._step(), epoch=self._epoch,
+                            epochs=int(self.params.get("epochs") or self._epoch))
+            logger.info("hybridpar: training ended at optimizer step %d; recorded %s for the "
+                        "evaluator.", self._step(), files.END_FILE)
 
     def _preemption_watcher(self) -> Any:
         """The strategy's watcher (kept in its state), created on first use."""
@@ -235,18 +270,30 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         arrays = files.read_arrays(found.path)
         if model_state.apply(self.model, found.path, found.manifest, arrays, metrics=False):
             self._pending_metrics = arrays  # Keras resets metrics when the epoch begins
+        self.restored = found
+        if self.asynchronous:
+            self._restore_asynchronous(found)
+            return
         epoch, skip, extra = files.resume_plan(found.manifest, self.params.get("steps"))
         self.model._initial_epoch = epoch
         self._epoch = epoch
         self._skip_calls = skip // int(getattr(self.model, "steps_per_execution", 1) or 1)
         self._skip_extra = extra
         self._persists = bool(found.manifest["data"]["iterator_persists"])
-        self.restored = found
         logger.info(
             "hybridpar: resumed from %s at optimizer step %d (epoch %d, skipping its first %d "
             "batch(es) already trained); %s",
             found.path, found.step, epoch + 1, skip, self._topology_note(found.manifest),
         )
+
+    def _restore_asynchronous(self, found: files.Found) -> None:
+        """Parameter-server resume: inside the saved epoch, or at the next one."""
+        epoch, batch, where = files.asynchronous_resume(found.manifest, self.params.get("steps"))
+        self.model._initial_epoch = epoch
+        self.model._hybridpar_initial_batch = batch  # read by the parameter-server fit loop
+        self._epoch, self._initial_batch = epoch, batch
+        logger.info("hybridpar: resumed from %s at optimizer step %d, %s; %s", found.path,
+                    found.step, where, self._topology_note(found.manifest))
 
     def _topology_note(self, manifest: dict[str, Any]) -> str:
         written = files.describe_topology(manifest.get("topology", {}))
@@ -296,6 +343,9 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             or self._persists else 0,
             "iterator_persists": self._persists,
         }
+        if self.asynchronous:  # the workers' input has no position to record; the epoch's does
+            data.update(iterator_position=self._batch, iterator_persists=False,
+                        steps_per_epoch=self.params.get("steps"))
         extra = {
             "reason": reason,
             "config": self.state.config.to_dict() if self.state is not None else None,

@@ -14,10 +14,15 @@ A checkpoint is written under ``.partial-...`` and renamed into place only
 once complete, so a crash mid-write never damages an earlier one; a damaged
 checkpoint (truncated, edited, missing its manifest) fails its checksum and
 the previous one is used.
+
+When ``fit`` ends, the chief also writes ``<dir>/training-end.json`` naming
+the final checkpoint (the evaluator stops after it); a new ``fit`` removes
+it. Directories without it (written before it existed) read as before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -25,9 +30,10 @@ import logging
 import os
 import re
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -39,6 +45,8 @@ FORMAT = "hybridpar-checkpoint/1"
 STATE_FILE = "state.npz"
 MANIFEST_FILE = "manifest.json"
 GROUPS = ("model", "optimizer", "metrics")
+END_FILE = "training-end.json"
+END_FORMAT = "hybridpar-training-end/1"
 _NAME_RE = re.compile(r"^ckpt-(\d{8,})$")
 _PARTIAL_PREFIX = ".partial-"
 _MAX_LISTED = 8
@@ -68,12 +76,46 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
     return sorted(found, key=step_of)
 
 
-def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
+def sha256_of(path: Path) -> str:
     with open(path, "rb") as stream:
-        while block := stream.read(chunk):
-            digest.update(block)
+        return sha256_of_stream(stream)
+
+
+def sha256_of_stream(stream: BinaryIO, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    while block := stream.read(chunk):
+        digest.update(block)
     return digest.hexdigest()
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((path / MANIFEST_FILE).read_text())
+    except FileNotFoundError:
+        raise CheckpointDamagedError(f"{path} has no {MANIFEST_FILE}") from None
+    except (OSError, ValueError) as err:
+        raise CheckpointDamagedError(f"{path}/{MANIFEST_FILE} is unreadable ({err})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointDamagedError(
+            f"{path}/{MANIFEST_FILE} is not a {FORMAT} manifest "
+            f"(format: {manifest.get('format') if isinstance(manifest, dict) else None!r})"
+        )
+    return manifest
+
+
+def _check_state(state: Path, stream: BinaryIO, manifest: dict[str, Any]) -> None:
+    """Checks the open state file against its manifest's size and SHA-256."""
+    expected = manifest["files"][STATE_FILE]
+    size = os.fstat(stream.fileno()).st_size
+    if size != expected["bytes"]:
+        raise CheckpointDamagedError(
+            f"{state} has {size} bytes, the manifest says {expected['bytes']} (truncated?)"
+        )
+    actual = sha256_of_stream(stream)
+    if actual != expected["sha256"]:
+        raise CheckpointDamagedError(
+            f"{state} has SHA-256 {actual[:12]}..., the manifest says {expected['sha256'][:12]}..."
+        )
 
 
 def verify(path: str | os.PathLike) -> dict[str, Any]:
@@ -87,33 +129,41 @@ def verify(path: str | os.PathLike) -> dict[str, Any]:
             not match its checksum.
     """
     path = Path(path)
-    try:
-        manifest = json.loads((path / MANIFEST_FILE).read_text())
-    except FileNotFoundError:
-        raise CheckpointDamagedError(f"{path} has no {MANIFEST_FILE}") from None
-    except (OSError, ValueError) as err:
-        raise CheckpointDamagedError(f"{path}/{MANIFEST_FILE} is unreadable ({err})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointDamagedError(
-            f"{path}/{MANIFEST_FILE} is not a {FORMAT} manifest "
-            f"(format: {manifest.get('format') if isinstance(manifest, dict) else None!r})"
-        )
-    expected = manifest["files"][STATE_FILE]
+    manifest = _read_manifest(path)
     state = path / STATE_FILE
     try:
-        size = state.stat().st_size
+        with open(state, "rb") as stream:
+            _check_state(state, stream, manifest)
     except FileNotFoundError:
         raise CheckpointDamagedError(f"{state} is missing") from None
-    if size != expected["bytes"]:
-        raise CheckpointDamagedError(
-            f"{state} has {size} bytes, the manifest says {expected['bytes']} (truncated?)"
-        )
-    actual = sha256_of(state)
-    if actual != expected["sha256"]:
-        raise CheckpointDamagedError(
-            f"{state} has SHA-256 {actual[:12]}..., the manifest says {expected['sha256'][:12]}..."
-        )
     return manifest
+
+
+def load(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A checkpoint's manifest and arrays, checked and read from one open state file.
+
+    Reading from the file that was checked means a checkpoint deleted
+    meanwhile (``prune`` of another process) is either read whole or not at all.
+
+    Raises:
+        FileNotFoundError: when the checkpoint no longer exists.
+        CheckpointDamagedError: as ``verify``.
+    """
+    path = Path(path)
+    state = path / STATE_FILE
+    try:
+        manifest = _read_manifest(path)
+        with open(state, "rb") as stream:
+            _check_state(state, stream, manifest)
+            stream.seek(0)
+            with np.load(stream, allow_pickle=False) as arrays:
+                return manifest, {key: arrays[key] for key in arrays.files}
+    except (CheckpointDamagedError, FileNotFoundError) as err:
+        if not path.is_dir():
+            raise FileNotFoundError(f"checkpoint {path} no longer exists") from None
+        if isinstance(err, FileNotFoundError):
+            raise CheckpointDamagedError(f"{state} is missing") from None
+        raise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +257,8 @@ def describe_topology(topology: dict[str, Any]) -> str:
     """``multi_worker, 2 worker(s) x 2 replica(s)`` from a manifest's topology."""
     workers = topology.get("num_workers", 1)
     replicas = topology.get("num_replicas", 1)
+    if topology.get("mode") == "parameter_server":  # the chief's one replica, asynchronous workers
+        return f"parameter_server, {workers} training task(s) (chief and workers)"
     per_worker = replicas // workers if workers else replicas
     return f"{topology.get('mode', '?')}, {workers} worker(s) x {per_worker} replica(s)"
 
@@ -228,6 +280,33 @@ def resume_plan(
     if steps_per_epoch and batch >= steps_per_epoch and not persists:
         return epoch + 1, 0, 0
     return epoch, batch, max(position - batch, 0) if persists else 0
+
+
+def asynchronous_resume(
+    manifest: dict[str, Any], steps_per_epoch: int | None
+) -> tuple[int, int, str]:
+    """Where parameter-server training resumes: ``(epoch, steps of it done, how, in words)``.
+
+    Workers read their input asynchronously, so there is no iterator
+    position to skip to: the steps done in the saved epoch are not scheduled
+    again, and each worker's input starts from its beginning. That needs the
+    epoch to have the length it had when the checkpoint was written (its
+    ``steps_per_epoch``, recorded by parameter-server saves); otherwise, or
+    when the epoch had ended, training resumes at the next epoch.
+    """
+    data = manifest["data"]
+    epoch, batch = int(data["epoch"]), int(data["batch"])
+    written = data.get("steps_per_epoch")
+    if batch == 0:
+        return epoch, 0, f"at the start of epoch {epoch + 1}"
+    changed = written is not None and steps_per_epoch is not None and written != steps_per_epoch
+    if changed or (steps_per_epoch is not None and batch >= steps_per_epoch):
+        why = (f"it was written with steps_per_epoch={written} and this fit has "
+               f"{steps_per_epoch}" if changed else "its epoch had ended")
+        return epoch + 1, 0, (f"at the start of epoch {epoch + 2}, not inside epoch "
+                              f"{epoch + 1} after its step {batch}: {why}")
+    return epoch, batch, (f"inside epoch {epoch + 1}, after its first {batch} step(s); each "
+                          "worker's input starts again from its beginning")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -297,6 +376,49 @@ def remove_partials(directory: str | os.PathLike) -> None:
     if root.is_dir():
         for path in root.glob(f"{_PARTIAL_PREFIX}*"):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def write_end(directory: str | os.PathLike, *, step: int, epoch: int, epochs: int) -> Path:
+    """Records in ``directory`` that ``fit`` ended, with its final checkpoint (chief only).
+
+    Args:
+        step: the optimizer step of the final checkpoint (``ckpt-<step>``).
+        epoch: the epochs completed.
+        epochs: the ``epochs`` that ``fit`` was given.
+
+    The record is written to a partial file and renamed into place.
+    """
+    root = Path(directory)
+    record = {"format": END_FORMAT, "step": step, "checkpoint": checkpoint_name(step),
+              "epoch": epoch, "epochs": epochs, "created": time.time()}
+    partial = root / f"{_PARTIAL_PREFIX}{END_FILE}-{os.getpid()}"
+    with open(partial, "w") as stream:
+        stream.write(json.dumps(record, indent=1))
+        stream.flush()
+        os.fsync(stream.fileno())
+    final = root / END_FILE
+    os.replace(partial, final)
+    _fsync_dir(root)
+    return final
+
+
+def read_end(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """The record ``write_end`` left in ``directory``, or ``None`` while training goes on."""
+    try:
+        record = json.loads((Path(directory) / END_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        logger.warning("hybridpar: %s in %s is unreadable (%s); ignoring it.", END_FILE,
+                       directory, err)
+        return None
+    return record if isinstance(record, dict) and record.get("format") == END_FORMAT else None
+
+
+def remove_end(directory: str | os.PathLike) -> None:
+    """Removes the end record when a new ``fit`` starts (chief only)."""
+    with contextlib.suppress(FileNotFoundError):
+        (Path(directory) / END_FILE).unlink()
 
 
 def read_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:

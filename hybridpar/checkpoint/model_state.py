@@ -124,6 +124,23 @@ def apply(model: Any, path: Path, manifest: dict[str, Any], arrays: dict[str, np
     return metrics_match
 
 
+def apply_weights(model: Any, path: Path, manifest: dict[str, Any],
+                  arrays: dict[str, np.ndarray]) -> None:
+    """Assigns only a checkpoint's ``model`` group: weights and seed states.
+
+    What evaluation needs. The optimizer is left alone: its variables depend
+    on the topology that wrote the checkpoint (a parameter-server chief keeps
+    one slot set per shard).
+
+    Raises:
+        CheckpointMismatchError: naming the model variables that differ.
+    """
+    lines = mismatches(manifest["variables"]["model"], _specs(_variables(model, "model")))
+    if lines:
+        raise CheckpointMismatchError(mismatch_message(path, "model", lines))
+    assign_group(model, "model", arrays)
+
+
 def assign_group(model: Any, group: str, arrays: dict[str, np.ndarray]) -> None:
     """Assigns one group (``model``, ``optimizer``, ``metrics``) of checked arrays."""
     for index, variable in enumerate(_variables(model, group)):

@@ -1,4 +1,9 @@
-"""Preemption: on SIGTERM every worker saves at the same step boundary, then exits.
+"""Preemption: on SIGTERM training saves at a step boundary, then exits.
+
+Synchronous training (one process, mirrored, multi-worker): every worker
+saves at the same step boundary (``PreemptionWatcher``). Parameter-server
+training: the chief, which alone runs the training loop, stops scheduling,
+joins the steps in flight and saves (``CoordinatorPreemptionWatcher``).
 
 Built on ``tf.distribute.experimental.PreemptionCheckpointHandler``: the
 worker that gets SIGTERM announces, through the cluster's coordination
@@ -20,7 +25,9 @@ Upstream facts this module works with (TensorFlow 2.21):
 - its peer watcher thread is stopped by its ``__del__``, so the handlers
   are released at exit while the cluster is still up;
 - it does nothing on GCE CPU VMs (``detect_platform``) and refuses
-  parameter-server clusters.
+  parameter-server clusters, which need no agreement between tasks: workers
+  and ps tasks hold no training loop, and SIGTERM on one of them is what the
+  coordinator's fault tolerance survives (a worker) or reports (a ps).
 """
 
 from __future__ import annotations
@@ -41,9 +48,19 @@ from typing import Any
 import tensorflow as tf
 
 from hybridpar.exit_codes import PREEMPTED_EXIT_CODE
+from hybridpar.state import state_of
 
 logger = logging.getLogger("hybridpar")
 
+
+def _exit_preempted() -> None:
+    """Exits with ``PREEMPTED_EXIT_CODE`` once the checkpoint is saved."""
+    logger.warning("hybridpar: preempted; checkpoint saved, exiting with %d.",
+                   PREEMPTED_EXIT_CODE)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(PREEMPTED_EXIT_CODE)
 
 
 class PreemptionWatcher:
@@ -60,7 +77,7 @@ class PreemptionWatcher:
         atexit.register(shutil.rmtree, private, ignore_errors=True)
         previous = signal.getsignal(signal.SIGTERM)
         config = tf.distribute.experimental.TerminationConfig(
-            exit_fn=self._exit, save_fn=self._save_now
+            exit_fn=_exit_preempted, save_fn=self._save_now
         )
         self.handler = tf.distribute.experimental.PreemptionCheckpointHandler(
             resolver, tf.train.Checkpoint(), checkpoint_dir=private, termination_config=config
@@ -81,14 +98,6 @@ class PreemptionWatcher:
             self._save()
         self.saved = True
 
-    def _exit(self) -> None:
-        logger.warning("hybridpar: preempted; checkpoint saved, exiting with %d.",
-                       PREEMPTED_EXIT_CODE)
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        sys.exit(PREEMPTED_EXIT_CODE)
-
     def activate(self, save: Callable[[], None]) -> None:
         """Handles SIGTERM from now on; ``save`` writes the checkpoint when it is time."""
         self._save = save
@@ -97,6 +106,52 @@ class PreemptionWatcher:
     def step_done(self) -> None:
         """Call at every step boundary, on every worker: saves and exits if preempted."""
         self.handler.save_checkpoint_if_preempted()
+
+    def deactivate(self) -> None:
+        """Restores the previous SIGTERM action; re-raises a SIGTERM that found no step."""
+        self._save = None
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+        if self.signalled and not self.saved:
+            logger.warning("hybridpar: SIGTERM arrived after the last training step; "
+                           "terminating as asked.")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class CoordinatorPreemptionWatcher:
+    """SIGTERM on the parameter-server chief: stop scheduling, join, save, exit.
+
+    Args:
+        join: waits for every step scheduled so far (``ClusterCoordinator.join``).
+    """
+
+    def __init__(self, join: Callable[[], None]) -> None:
+        self._join = join
+        self._save: Callable[[], None] | None = None
+        self._previous: Any = None
+        self.signalled = False
+        self.saved = False
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if not self.signalled:
+            logger.warning("hybridpar: received SIGTERM; scheduling no more steps, joining those "
+                           "in flight, then saving and exiting with %d.", PREEMPTED_EXIT_CODE)
+        self.signalled = True
+
+    def activate(self, save: Callable[[], None]) -> None:
+        """Handles SIGTERM from now on; ``save`` writes the checkpoint when it is time."""
+        self._save = save
+        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def step_done(self) -> None:
+        """Call before each step is scheduled: if signalled, joins, saves and exits."""
+        if not self.signalled or self._save is None:
+            return
+        self._join()
+        self._save()
+        self.saved = True
+        _exit_preempted()
 
     def deactivate(self) -> None:
         """Restores the previous SIGTERM action; re-raises a SIGTERM that found no step."""
@@ -134,11 +189,14 @@ def _warn_once(message: str) -> None:
         logger.warning(message)
 
 
-def create_watcher(strategy: tf.distribute.Strategy) -> PreemptionWatcher | None:
+def create_watcher(
+    strategy: tf.distribute.Strategy,
+) -> PreemptionWatcher | CoordinatorPreemptionWatcher | None:
     """A watcher for ``strategy``, or ``None`` (logged once) where one cannot work.
 
-    Preemption handling needs the main thread (signal handlers) and a
-    strategy without parameter servers. Create one per strategy and keep it
+    Preemption handling needs the main thread (signal handlers); with
+    parameter servers, a strategy hybridpar built (its coordinator joins the
+    steps in flight). Create one per strategy and keep it
     (``StrategyState.preemption``): a cluster's handler can be created once.
     """
     if threading.current_thread() is not threading.main_thread():
@@ -147,8 +205,11 @@ def create_watcher(strategy: tf.distribute.Strategy) -> PreemptionWatcher | None
                    "run resumes from the last one.")
         return None
     if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-        _warn_once("hybridpar: preemption checkpoints are not available in parameter-server "
-                   "mode yet; periodic checkpoints still work.")
+        state = state_of(strategy)
+        if state is not None and state.runner is not None:
+            return CoordinatorPreemptionWatcher(state.runner.coordinator.join)
+        _warn_once("hybridpar: preemption checkpoints need a parameter-server strategy built by "
+                   "hybridpar.scope(); periodic checkpoints still work.")
         return None
     watcher = PreemptionWatcher(strategy)
     _live.add(watcher)

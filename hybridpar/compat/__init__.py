@@ -6,15 +6,18 @@ one exists) and registers a ``patching.Fix``. Two kinds:
 - overrides used by hybridpar's own strategy classes (``collective_keys``,
   ``even_batches``, ``collective_restart``, ``staged_variables``, the
   per-replica hook of ``replica_share``, the leak-free all-reduce of
-  ``replica_all_reduce``, the chief-side run of ``ps_routing``): they act
-  only on strategies hybridpar built, by construction;
+  ``replica_all_reduce``, the parameter-server chief's own steps
+  ``ps_chief`` and its cluster without the evaluator ``ps_evaluator_job``):
+  they act only on strategies hybridpar built, by construction;
 - patches of Keras/TensorFlow attributes (``symbolic_build``,
   ``replica_share``, ``gradient_all_reduce``, ``metric_reduction``,
   ``unbatched_input``, ``chief_files``, ``microbatch_step``, ``legacy_keras``,
   ``gradient_compression``, the stage hooks
   ``stage_marks``/``stage_calls``/``stage_gradients``, and the
   parameter-server fixes ``shard_views``, ``sharded_embedding``,
-  ``sharded_numpy``, ``atomic_updates``, ``ps_routing``): each patched
+  ``sharded_numpy``, ``atomic_updates``, and ``runner_routing``, which sends
+  ``fit``/``evaluate``/``predict`` to the parameter-server chief's or the
+  evaluator's runner): each patched
   function first asks whether the model or strategy at hand is hybridpar's
   and otherwise calls the original with the same arguments. They are
   installed while something needs them (see ``patching``) and
@@ -38,9 +41,11 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     legacy_keras,
     metric_reduction,
     microbatch_step,
-    ps_routing,
+    ps_chief,
+    ps_evaluator_job,
     replica_all_reduce,
     replica_share,
+    runner_routing,
     shard_views,
     sharded_embedding,
     sharded_numpy,

@@ -151,6 +151,36 @@ class CheckpointConfig(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class EvaluatorConfig(Section):
+    """Sidecar evaluation on the cluster's ``evaluator`` task (read there only).
+
+    Attributes:
+        log_dir: where the evaluator writes its TensorBoard summaries
+            (``None``: ``<checkpoint.dir>/evaluator``).
+        poll_seconds: how often the evaluator lists ``checkpoint.dir``.
+        timeout_seconds: how long it waits for a new checkpoint before it
+            gives up with an error (``None``: until the chief's final one).
+    """
+
+    PATH: ClassVar[str] = "evaluator"
+    log_dir: str | None = None
+    poll_seconds: float = 1.0
+    timeout_seconds: float | None = None
+
+    def validate(self) -> None:
+        require(
+            self.poll_seconds > 0,
+            f"evaluator.poll_seconds must be > 0. Received: evaluator.poll_seconds="
+            f"{self.poll_seconds!r}.",
+        )
+        require(
+            self.timeout_seconds is None or self.timeout_seconds > 0,
+            "evaluator.timeout_seconds must be > 0 or null. "
+            f"Received: evaluator.timeout_seconds={self.timeout_seconds!r}.",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class PartitionerConfig(Section):
     """How large variables are split across parameter servers.
 
@@ -328,6 +358,7 @@ class StrategyConfig(Section):
     model_parallel: ModelParallelConfig = dataclasses.field(default_factory=ModelParallelConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    evaluator: EvaluatorConfig = dataclasses.field(default_factory=EvaluatorConfig)
     parameter_server: ParameterServerConfig = dataclasses.field(
         default_factory=ParameterServerConfig
     )

@@ -1,7 +1,7 @@
 """A real multi-process TensorFlow cluster: ``hybridpar launch`` and ``hybridpar tf-config``.
 
-``hybridpar launch [--engine local|ray] --workers N [--ps M] [--max-restarts K] [--timeout S]
--- CMD [ARGS...]`` starts one process per task running CMD with its own ``TF_CONFIG``:
+``hybridpar launch [--engine local|ray] --workers N [--ps M] [--evaluator] [--max-restarts K]
+[--timeout S] -- CMD [ARGS...]`` starts one process per task running CMD with its own ``TF_CONFIG``:
 on free localhost ports (``--engine local``, the default), or in one Ray actor per
 task on ports free on its node (``--engine ray``, see ``ray_engine``). It shows the
 chief's output and the other tasks' warnings and errors, prefixed with the task
@@ -14,15 +14,22 @@ worker is restarted alone at its address (the coordinator takes it back) while
 restarts are left, else the other workers go on; a lost ps task is left to the
 chief to report. ``--max-restarts`` counts both kinds of restart.
 
-``hybridpar tf-config --workers h1:p,h2:p [--chief h:p] [--ps h:p,...] --type T --index I``
+``--evaluator`` adds one ``evaluator`` task running CMD too (sidecar evaluation
+of the chief's checkpoints). The cluster is done when the chief (every worker,
+without ps tasks) and the evaluator are done; an evaluator that fails is
+reported, is not restarted and does not stop training or change the exit code.
+
+``hybridpar tf-config --workers h1:p,h2:p [--chief h:p] [--ps h:p,...] [--evaluator h:p]
+--type T --index I``
 prints the ``TF_CONFIG`` JSON to set on each machine of a real cluster.
 
-Exit codes of ``launch``: 0 when every task (in parameter-server mode: the chief)
-exited 0; else the code of the first task that failed (128+signum for a task killed
-by a signal, 42 for a task preempted by SIGTERM after saving a checkpoint); 124 on
-``--timeout``; 128+signum when the launcher itself got SIGINT (130), SIGTERM (143) or
-SIGHUP (129); 127/126 when CMD cannot be started; 2 for bad command-line input. No
-TensorFlow here: the package is plain Python.
+Exit codes of ``launch``: 0 when every training task (in parameter-server mode: the
+chief) exited 0, whatever the evaluator did; else the code of the first task that
+failed (128+signum for a task killed by a signal, 42 for a task preempted by
+SIGTERM after saving a checkpoint); 124 on ``--timeout``; 128+signum when the
+launcher itself got SIGINT (130), SIGTERM (143) or SIGHUP (129); 127/126 when CMD
+cannot be started; 2 for bad command-line input. No TensorFlow here: the package
+is plain Python.
 
 Modules: ``tasks`` (layout, environments, exit policies; pure), ``ports``
 (addresses and free ports; pure), ``output`` (lines, progress bars, console,

@@ -64,11 +64,12 @@ class LaunchOptions:
     gpus_per_task: float | None = None
     log_dir: str | None = None
     console: str = "chief"
+    evaluator: bool = False
 
     @property
     def tasks(self) -> list[Task]:
         """The cluster's tasks (``tasks.task_layout``), whatever the engine."""
-        return task_layout(self.workers, self.ps)
+        return task_layout(self.workers, self.ps, self.evaluator)
 
 
 ENGINES = ("local", "ray")
@@ -79,7 +80,8 @@ RAY_ONLY = {"address": "--address", "cpus_per_task": "--cpus-per-task",
 def _launch_parser() -> _Parser:
     parser = _Parser(
         prog="hybridpar launch",
-        usage="hybridpar launch [--engine local|ray] --workers N [--ps M] [--max-restarts K] "
+        usage="hybridpar launch [--engine local|ray] --workers N [--ps M] [--evaluator] "
+        "[--max-restarts K] "
         "[--timeout SECONDS] [--log-dir DIR] [--console chief|all] [--host HOST] "
         "[--grace SECONDS] [--address RAY_ADDRESS] [--cpus-per-task C] [--gpus-per-task G] "
         "-- CMD [ARGS...]",
@@ -98,6 +100,13 @@ def _launch_parser() -> _Parser:
         type=int,
         default=0,
         help="parameter-server tasks; > 0 adds a chief (parameter-server mode)",
+    )
+    parser.add_argument(
+        "--evaluator",
+        action="store_true",
+        help="add one evaluator task (sidecar evaluation of the chief's checkpoints); the "
+        "cluster is done when the chief and the evaluator are, and an evaluator failure is "
+        "reported without stopping training",
     )
     parser.add_argument(
         "--max-restarts",
@@ -197,6 +206,7 @@ def parse_launch_args(argv: Sequence[str]) -> LaunchOptions:
         command, args.workers, args.ps, args.max_restarts, args.timeout, args.host, args.grace,
         engine=args.engine, address=args.address, cpus_per_task=args.cpus_per_task,
         gpus_per_task=args.gpus_per_task, log_dir=args.log_dir, console=args.console,
+        evaluator=args.evaluator,
     )
 
 
@@ -235,6 +245,7 @@ def main(argv: list[str]) -> int:
         options.command,
         options.workers,
         options.ps,
+        evaluator=options.evaluator,
         max_restarts=options.max_restarts,
         timeout=options.timeout,
         host=options.host,
@@ -267,7 +278,10 @@ def tf_config_from_args(argv: Sequence[str]) -> dict:
     parser.add_argument("--workers", required=True, help="host:port,host:port,... of the workers")
     parser.add_argument("--chief", default=None, help="host:port of the chief (optional)")
     parser.add_argument("--ps", default=None, help="host:port,... of the parameter servers")
-    parser.add_argument("--type", default="worker", help="this machine's task type")
+    parser.add_argument("--evaluator", default=None,
+                        help="host:port of the evaluator (at most one; it runs no server)")
+    parser.add_argument("--type", default="worker",
+                        help="this machine's task type: chief, worker, ps or evaluator")
     parser.add_argument("--index", type=int, required=True, help="this machine's task index")
     args = parser.parse_args(list(argv))
     cluster: dict[str, list[str]] = {}
@@ -276,6 +290,13 @@ def tf_config_from_args(argv: Sequence[str]) -> dict:
     cluster["worker"] = parse_address_list(args.workers, "--workers")
     if args.ps is not None:
         cluster["ps"] = parse_address_list(args.ps, "--ps")
+    if args.evaluator is not None:
+        if "," in args.evaluator:
+            raise UsageError(
+                "a cluster has at most one evaluator (TensorFlow's rule). Received: "
+                f"--evaluator {args.evaluator!r}. Give one host:port."
+            )
+        cluster["evaluator"] = [parse_address(args.evaluator, "--evaluator")]
     check_unique_addresses(cluster)
     return make_tf_config(cluster, args.type, args.index)
 

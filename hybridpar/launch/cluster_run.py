@@ -24,6 +24,7 @@ from hybridpar.launch.tasks import (
     DEFAULT_GRACE,
     Outcome,
     ends_cluster,
+    evaluator_exit_line,
     is_ps_mode,
     ps_mode_exit,
     restart_line,
@@ -94,6 +95,7 @@ class ClusterRun(abc.ABC):
         self.outputs = outputs or Outputs(Console())
         self.task_outputs: list[TaskOutput | None] = [None] * len(self.tasks)
         self._status: dict[int, int] = {}
+        self._last_trainer: Task | None = None
 
     @abc.abstractmethod
     def _spawn(self, i: int, restart: int, output: TaskOutput) -> None:
@@ -140,12 +142,38 @@ class ClusterRun(abc.ABC):
             if task.type == "worker" and i not in self._status
         )
 
+    def _status_of(self, task_type: str) -> int | None:
+        """The exit status of the first task of ``task_type``; None while it runs (or
+        when there is none)."""
+        for i, task in enumerate(self.tasks):
+            if task.type == task_type:
+                return self._status.get(i)
+        return None
+
+    def _evaluator_running(self) -> bool:
+        return any(t.type == "evaluator" and i not in self._status
+                   for i, t in enumerate(self.tasks))
+
+    def _training_done(self) -> bool:
+        if self.ps_mode:
+            return self._status_of("chief") == 0
+        return all(self._status.get(i) == 0 for i, t in enumerate(self.tasks)
+                   if t.type != "evaluator")
+
+    def _finished(self, task: Task | None) -> Outcome:
+        """The cluster finished; ``task`` is the last training task that exited."""
+        return Outcome("finished", 0, task, evaluator_status=self._status_of("evaluator"))
+
     def _ps_mode_exit(self, i: int, status: int) -> Outcome | None:
         task = self.tasks[i]
         restarts_left = self.max_restarts - self.restart - self.task_restarts
-        action = ps_mode_exit(task, status, self._workers_alive(), restarts_left)
+        chief_done = task.type != "chief" and self._status_of("chief") == 0
+        action = ps_mode_exit(task, status, self._workers_alive(), restarts_left,
+                              evaluator_running=self._evaluator_running(), chief_done=chief_done)
+        if action == "end" and task.type == "evaluator":
+            return self._finished(Task("chief", 0))
         if action == "end":
-            return Outcome("failed" if status else "finished", status, task)
+            return Outcome("failed", status, task) if status else self._finished(task)
         if action == "restart_task":
             self.task_restarts += 1
             restart = self.restart + self.task_restarts
@@ -155,7 +183,10 @@ class ClusterRun(abc.ABC):
         return None
 
     def poll(self) -> Outcome | None:
-        """Reaps exited tasks; returns the outcome once one ends the cluster or all finished."""
+        """Reaps exited tasks; returns the outcome once one ends the cluster or all finished.
+
+        An evaluator's exit is reported (when it failed) and ends nothing by itself.
+        """
         for i, task in enumerate(self.tasks):
             if i in self._status:
                 continue
@@ -163,15 +194,21 @@ class ClusterRun(abc.ABC):
             if status is None:
                 continue
             self._status[i] = status
+            if task.type == "evaluator":
+                line = evaluator_exit_line(status, self._training_done())
+                if line:
+                    self.outputs.console.info(line)
+            else:
+                self._last_trainer = task
             if self.ps_mode:
                 outcome = self._ps_mode_exit(i, status)
                 if outcome is not None:
                     return outcome
                 continue
             if ends_cluster(task, status, self.ps_mode):
-                return Outcome("failed" if status else "finished", status, task)
+                return Outcome("failed", status, task) if status else self._finished(task)
             if len(self._status) == len(self.tasks):
-                return Outcome("finished", 0, task)
+                return self._finished(self._last_trainer)
         return None
 
     def wait(
@@ -255,5 +292,6 @@ def run_cluster(
             continue
         if signals.first() and outcome.reason != "signal":
             outcome = Outcome("signal", 128 + signals.received[0], signum=signals.received[0])
-        console.info(summary_line(outcome, len(run.tasks), run.ps_mode, timeout))
+        trainers = sum(task.type != "evaluator" for task in run.tasks)
+        console.info(summary_line(outcome, trainers, run.ps_mode, timeout))
         return outcome.exit_code

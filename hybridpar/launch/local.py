@@ -31,6 +31,7 @@ def launch(
     num_workers: int,
     num_ps: int = 0,
     *,
+    evaluator: bool = False,
     max_restarts: int = 0,
     timeout: float | None = None,
     host: str = DEFAULT_HOST,
@@ -43,7 +44,9 @@ def launch(
 ) -> int:
     """Runs ``command`` as a local cluster and returns the exit code (see ``hybridpar.launch``).
 
-    ``timeout`` counts from the first start, restarts included. A second signal
+    With ``evaluator``, one ``evaluator`` task runs ``command`` too (see
+    ``tasks.task_layout``). ``timeout`` counts from the first start, restarts
+    included. A second signal
     during the graceful stop skips straight to SIGKILL. ``log_dir`` gets one
     full log per task (``None``: none); ``console`` is ``chief`` (the chief's
     output whole, the other tasks' warnings and errors) or ``all``.
@@ -53,7 +56,7 @@ def launch(
     """
     check_command(command)
     check_launch_options(num_workers, num_ps, max_restarts, timeout, grace)
-    tasks = task_layout(num_workers, num_ps)
+    tasks = task_layout(num_workers, num_ps, evaluator)
     outputs = Outputs(Console(stdout, stderr), None if log_dir is None else Path(log_dir), console)
     previous_ports: list[int] = []
 

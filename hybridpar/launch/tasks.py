@@ -19,7 +19,8 @@ from hybridpar.logs import LOG_TAGS_ENV
 from hybridpar.topology.cluster import Task, tf_config
 
 DEFAULT_GRACE = 5.0
-TASK_TYPES = ("chief", "worker", "ps")
+TASK_TYPES = ("chief", "worker", "ps", "evaluator")
+EVALUATOR = Task("evaluator", 0)
 LAUNCH_EXAMPLE = "hybridpar launch --workers 2 -- python train.py"
 
 
@@ -27,22 +28,29 @@ class UsageError(ValueError):
     """Bad command-line input; the message says what was received and how to fix it."""
 
 
-def task_layout(num_workers: int, num_ps: int = 0) -> list[Task]:
+def task_layout(num_workers: int, num_ps: int = 0, evaluator: bool = False) -> list[Task]:
     """The tasks of a local cluster.
 
     Without ps tasks: ``worker:0..N-1`` (worker 0 is the chief by TF's convention).
     With ``num_ps > 0`` (parameter-server mode): ``chief:0``, ``worker:0..N-1``,
-    ``ps:0..M-1``.
+    ``ps:0..M-1``. With ``evaluator``, ``evaluator:0`` last (sidecar evaluation:
+    it trains nothing and runs no server).
     """
     check_counts(num_workers, num_ps)
     chief = [Task("chief", 0)] if num_ps else []
     workers = [Task("worker", i) for i in range(num_workers)]
-    return chief + workers + [Task("ps", i) for i in range(num_ps)]
+    return chief + workers + [Task("ps", i) for i in range(num_ps)] + (
+        [EVALUATOR] if evaluator else [])
 
 
 def is_ps_mode(tasks: Iterable[Task]) -> bool:
     """True when the layout has parameter-server tasks."""
     return any(task.type == "ps" for task in tasks)
+
+
+def has_evaluator(tasks: Iterable[Task]) -> bool:
+    """True when the layout has an evaluator task."""
+    return any(task.type == "evaluator" for task in tasks)
 
 def make_tf_config(cluster: Mapping[str, Sequence[str]], task_type: str, index: int) -> dict:
     """The TF_CONFIG dict of one task.
@@ -93,25 +101,42 @@ def task_environment(
     }
 
 
-def ends_cluster(task: Task, status: int, ps_mode: bool) -> bool:
-    """True when this task's exit ends the cluster: any failure, or the chief in ps mode."""
-    return status != 0 or (ps_mode and task.type == "chief")
+def ends_cluster(task: Task, status: int, ps_mode: bool, evaluator_running: bool = False) -> bool:
+    """True when this task's exit ends the cluster: a training task's failure, or the
+    chief in ps mode (once no evaluator is running). An evaluator's exit never does:
+    a failed evaluator is reported and training goes on."""
+    if task.type == "evaluator":
+        return False
+    return status != 0 or (ps_mode and task.type == "chief" and not evaluator_running)
 
 
 PsExitAction = Literal["end", "restart_task", "keep_going"]
 
 
-def ps_mode_exit(task: Task, status: int, workers_alive: int, restarts_left: int) -> PsExitAction:
+def ps_mode_exit(
+    task: Task,
+    status: int,
+    workers_alive: int,
+    restarts_left: int,
+    *,
+    evaluator_running: bool = False,
+    chief_done: bool = False,
+) -> PsExitAction:
     """What one task's exit means in parameter-server mode.
 
-    The chief's exit ends the cluster. A failed worker is restarted alone
-    (same address) while restarts are left, and the coordinator takes it
-    back; without restarts the other workers go on, unless none is left. A
-    ps task's exit leaves the chief to report which ps was lost and end the
-    cluster.
+    The chief's failure ends the cluster; its success too, unless the
+    evaluator is still running: the cluster is done when the chief and the
+    evaluator are. The evaluator's exit ends the cluster once the chief is
+    done (``chief_done``), else training goes on. A failed worker is
+    restarted alone (same address) while restarts are left, and the
+    coordinator takes it back; without restarts the other workers go on,
+    unless none is left. A ps task's exit leaves the chief to report which ps
+    was lost and end the cluster.
     """
+    if chief_done or task.type == "evaluator":  # after the chief, only the evaluator counts
+        return "end" if chief_done and task.type == "evaluator" else "keep_going"
     if task.type == "chief":
-        return "end"
+        return "keep_going" if status == 0 and evaluator_running else "end"
     if task.type == "worker" and status != 0:
         if restarts_left > 0:
             return "restart_task"
@@ -127,23 +152,35 @@ class Outcome:
         reason: ``finished`` (success), ``failed`` (a task exited non-zero),
             ``timeout`` or ``signal`` (the launcher was interrupted).
         exit_code: the launcher's exit code for this outcome.
-        task: the task that ended the cluster (finished/failed).
+        task: the task that ended the cluster (finished/failed); when the
+            cluster finished, the last training task to exit.
         signum: the signal the launcher received (signal).
+        evaluator_status: how the evaluator exited, when the cluster finished
+            with one (its failure does not change ``exit_code``).
     """
 
     reason: Literal["finished", "failed", "timeout", "signal"]
     exit_code: int
     task: Task | None = None
     signum: int | None = None
+    evaluator_status: int | None = None
 
 
 def summary_line(outcome: Outcome, num_tasks: int, ps_mode: bool, timeout: float | None) -> str:
-    """The final ``hybridpar launch:`` line: which task ended the cluster and why."""
+    """The final ``hybridpar launch:`` line: which task ended the cluster and why.
+
+    ``num_tasks`` counts the training tasks (the evaluator aside).
+    """
     code = f"exit code {outcome.exit_code}"
+    evaluator = ("" if outcome.evaluator_status is None else
+                 f"; {EVALUATOR} exited with {describe_status(outcome.evaluator_status)}")
     if outcome.reason == "finished" and ps_mode:
-        return f"task {outcome.task} exited with 0; stopped the worker and ps tasks; {code}"
+        return (f"task {outcome.task} exited with 0{evaluator}; stopped the worker and ps "
+                f"tasks; {code}")
     if outcome.reason == "finished":
-        return f"all {num_tasks} task(s) exited with 0 (the last was {outcome.task}); {code}"
+        kind = "task(s)" if outcome.evaluator_status is None else "training task(s)"
+        return (f"all {num_tasks} {kind} exited with 0 (the last was {outcome.task})"
+                f"{evaluator}; {code}")
     if outcome.reason == "failed":
         status = describe_status(outcome.exit_code)
         return f"task {outcome.task} exited with {status}; stopped the other tasks; {code}"
@@ -154,6 +191,15 @@ def summary_line(outcome: Outcome, num_tasks: int, ps_mode: bool, timeout: float
         )
     name = signal.Signals(outcome.signum).name if outcome.signum else "a signal"
     return f"received {name}; stopped all tasks; {code}"
+
+
+def evaluator_exit_line(status: int, training_done: bool) -> str | None:
+    """The line for a failed evaluator (``None`` when it exited with 0)."""
+    if status == 0:
+        return None
+    after = "after training ended" if training_done else "while training goes on without it"
+    return (f"task {EVALUATOR} exited with {describe_status(status)} {after} (see its output "
+            "above; the evaluator is not restarted)")
 
 
 def task_restart_line(task: Task, status: int, restart: int, max_restarts: int) -> str:

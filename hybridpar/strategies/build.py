@@ -12,6 +12,7 @@ from hybridpar.config.devices import device_kind
 from hybridpar.errors import ConfigError
 from hybridpar.state import StrategyState
 from hybridpar.strategies import multi_worker, parameter_server
+from hybridpar.strategies.evaluator import EvaluatorRunner
 from hybridpar.strategies.mirrored import HybridMirroredStrategy, HybridOneDeviceStrategy
 
 logger = logging.getLogger("hybridpar")
@@ -54,12 +55,21 @@ def build_strategy(state: StrategyState) -> tf.distribute.Strategy:
         hold("stages", strategy)
     if state.mode == "parameter_server":
         hold("parameter_server", strategy)
+    if state.is_evaluator:
+        state.runner = EvaluatorRunner(state)
+    if state.runner is not None:
+        hold("runners", strategy)
+    training = state.plan.cluster_mode
+    training = training if training in ("multi_worker", "parameter_server") else "single-process"
+    role = (f" (the evaluator of {training} training: evaluates checkpoints, trains nothing)"
+            if state.is_evaluator else "")
     logger.info(
-        "hybridpar: mode=%s replicas=%d stages=%d microbatches=%d devices=%s",
+        "hybridpar: mode=%s replicas=%d stages=%d microbatches=%d devices=%s%s",
         state.mode,
         strategy.num_replicas_in_sync,
         state.stages,
         state.microbatches,
         ",".join(state.plan.mesh.devices),
+        role,
     )
     return strategy

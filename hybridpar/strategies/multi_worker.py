@@ -81,8 +81,10 @@ class HybridMultiWorkerMirroredStrategy(OwnedStrategy, tf.distribute.MultiWorker
 def build(state: StrategyState) -> HybridMultiWorkerMirroredStrategy:
     """The multi-worker strategy for ``state``'s config, on the cluster that is up.
 
+    The evaluator task never gets here: its plan is local (``topology.plan``).
+
     Raises:
-        ConfigError: for a cluster with ps tasks, or a task that does not train.
+        ConfigError: for a cluster with ps tasks.
     """
     cluster = state.cluster
     if cluster is not None and cluster.num_ps:
@@ -90,11 +92,6 @@ def build(state: StrategyState) -> HybridMultiWorkerMirroredStrategy:
             f"data_parallel.mode='multi_worker' cannot use a cluster with 'ps' tasks "
             f"(TF_CONFIG lists {cluster.num_ps}). Use mode 'parameter_server' (or 'auto'), "
             "or remove the ps job."
-        )
-    if cluster is not None and cluster.task_type not in ("chief", "worker"):
-        raise ConfigError(
-            f"Task {cluster.task} does not train in mode 'multi_worker'; only chief "
-            "and worker tasks run hybridpar.scope()."
         )
     if cluster is not None:
         cluster_join.bring_up(cluster)

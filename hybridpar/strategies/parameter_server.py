@@ -4,8 +4,9 @@ Every task runs the same script. On ``worker`` and ``ps`` tasks ``build``
 starts the task's ``tf.distribute.Server`` and blocks (``serve``); only the
 chief returns, with a ``HybridParameterServerStrategy`` whose ``fit``,
 ``evaluate`` and ``predict`` run through ``ps_training`` (see
-``compat.ps_routing``). Variables split by ``parameter_server.partitioner``
-are ``ShardedVariable``s over the ps tasks.
+``compat.runner_routing``). Variables split by ``parameter_server.partitioner``
+are ``ShardedVariable``s over the ps tasks. An ``evaluator`` task in the
+cluster is left out of the chief's view (``compat.ps_evaluator_job``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ from typing import Any, NoReturn
 
 import tensorflow as tf
 
-from hybridpar.compat import ps_routing
+from hybridpar.compat import ps_chief, ps_evaluator_job
 from hybridpar.config import PartitionerConfig
-from hybridpar.errors import RuntimeMismatchError
 from hybridpar.state import OwnedStrategy, StrategyState
 from hybridpar.strategies.ps_training import ParameterServerRunner
 from hybridpar.topology.cluster import ClusterInfo
@@ -58,7 +58,7 @@ class HybridParameterServerStrategy(
 ):
     """The chief's ``ParameterServerStrategy``, with its ``ClusterCoordinator`` in ``runner``.
 
-    Inside ``compat.ps_routing.on_chief(strategy)`` (the chief's own evaluate
+    Inside ``compat.ps_chief.on_chief(strategy)`` (the chief's own evaluate
     and predict) datasets are handed to Keras unchanged: a parameter-server
     strategy's distributed dataset can only be iterated on workers.
     """
@@ -66,11 +66,11 @@ class HybridParameterServerStrategy(
     def __init__(self, state: StrategyState) -> None:
         self.hybridpar_state = state
         partitioner = make_partitioner(state.config.parameter_server.partitioner)
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        resolver = ps_evaluator_job.training_resolver(state.cluster)
         super().__init__(resolver, variable_partitioner=partitioner)
 
     def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
-        if ps_routing.is_on_chief(self):
+        if ps_chief.is_on_chief(self):
             return dataset
         return super().experimental_distribute_dataset(dataset, options)
 
@@ -78,18 +78,14 @@ class HybridParameterServerStrategy(
 def build(state: StrategyState) -> HybridParameterServerStrategy:
     """The chief's strategy and its coordinator; on worker and ps tasks this never returns.
 
+    The evaluator task never gets here: its plan is local (``topology.plan``).
+
     Raises:
-        RuntimeMismatchError: for a cluster that cannot train this way, or a
-            task with no role in it.
+        RuntimeMismatchError: for a cluster that cannot train this way.
     """
     cluster = check_cluster(state.cluster, state.config)
     if cluster.task_type in ("worker", "ps"):
         serve(cluster)
-    if cluster.task_type != "chief":
-        raise RuntimeMismatchError(
-            f"Task {cluster.task} has no role in parameter-server "
-            "training; only chief, worker and ps tasks run hybridpar.scope()."
-        )
     strategy = HybridParameterServerStrategy(state)
     state.runner = ParameterServerRunner(strategy, cluster)
     return strategy

@@ -8,7 +8,7 @@ on the workers. hybridpar's path, learnt from tf_keras's
 * every task runs the same script; ``worker`` and ``ps`` tasks start their
   ``tf.distribute.Server`` in ``hybridpar.scope()`` and block there
   (``parameter_server.serve``); only the chief (the coordinator) returns;
-* on the chief, ``model.fit`` (routed here by ``compat.ps_routing``) turns the
+* on the chief, ``model.fit`` (routed here by ``compat.runner_routing``) turns the
   user's dataset into per-worker datasets, schedules ``steps_per_epoch``
   training steps per epoch with ``ClusterCoordinator.schedule`` (asynchronous
   updates on the parameter servers), joins at each epoch's end, then reports
@@ -20,6 +20,11 @@ on the workers. hybridpar's path, learnt from tf_keras's
   optimizer keeps one slot per shard, on that shard's ps
   (``compat.shard_views``); an ``Embedding`` gathers only the rows it
   looks up, shard by shard.
+
+With ``hs.callbacks()``, SIGTERM on the chief stops the scheduling before the
+next step, joins the steps in flight, saves and exits (``checkpoint.preemption``);
+a relaunch resumes inside that epoch, skipping the steps its checkpoint says
+are done (``model._hybridpar_initial_batch``, set by ``PeriodicCheckpoint``).
 
 If a worker dies, the coordinator re-runs its unfinished steps on the others
 (at least once: a step that updated the ps just before the worker died runs
@@ -38,7 +43,7 @@ import keras
 import tensorflow as tf
 from keras.src.callbacks import callback_list as keras_callback_list
 
-from hybridpar.compat import ps_routing
+from hybridpar.compat import ps_chief, runner_routing
 from hybridpar.compat.atomic_updates import atomic_updates
 from hybridpar.compat.shard_views import shard_views
 from hybridpar.data import inspect
@@ -254,12 +259,15 @@ class ParameterServerRunner:
         model.stop_training = False
         callbacks.on_train_begin()
         initial_epoch = model._initial_epoch or initial_epoch
+        # Steps of the first epoch a checkpoint says are done (PeriodicCheckpoint sets it).
+        first_step = getattr(model, "_hybridpar_initial_batch", 0) or 0
         logs: dict[str, Any] = {}
         with _naming_lost_ps(self.cluster):
             for epoch in range(initial_epoch, epochs):
                 model.reset_metrics()
                 callbacks.on_epoch_begin(epoch)
-                for step in range(steps_per_epoch):
+                start, first_step = first_step, 0
+                for step in range(start, steps_per_epoch):
                     callbacks.on_train_batch_begin(step)
                     coordinator.schedule(train_function, args=(iterator,))
                     last = step == steps_per_epoch - 1 or model.stop_training
@@ -283,10 +291,10 @@ class ParameterServerRunner:
 
     def evaluate(self, model: keras.Model, *args: Any, **kwargs: Any) -> Any:
         """``model.evaluate`` on the chief, reading the variables from the ps tasks."""
-        with ps_routing.on_chief(model.distribute_strategy), ps_routing.keras_path():
+        with ps_chief.on_chief(model.distribute_strategy), runner_routing.keras_path():
             return model.evaluate(*args, **kwargs)
 
     def predict(self, model: keras.Model, *args: Any, **kwargs: Any) -> Any:
         """``model.predict`` on the chief, reading the variables from the ps tasks."""
-        with ps_routing.on_chief(model.distribute_strategy), ps_routing.keras_path():
+        with ps_chief.on_chief(model.distribute_strategy), runner_routing.keras_path():
             return model.predict(*args, **kwargs)

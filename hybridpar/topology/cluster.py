@@ -81,6 +81,20 @@ class ClusterInfo:
         return len(self.jobs.get("ps", ()))
 
     @property
+    def is_evaluator(self) -> bool:
+        """True for the ``evaluator`` task: it evaluates checkpoints and never trains."""
+        return self.task_type == "evaluator"
+
+    @property
+    def training_jobs(self) -> dict[str, tuple[str, ...]]:
+        """The jobs without the evaluator: the cluster the training tasks form.
+
+        TensorFlow keeps the evaluator out of the training cluster
+        (``multi_worker_util``: "the evaluator is in its own cluster").
+        """
+        return {job: tasks for job, tasks in self.jobs.items() if job != "evaluator"}
+
+    @property
     def task(self) -> Task:
         """This process's task, printed as ``worker:1``."""
         return Task(self.task_type, self.task_index)
@@ -144,6 +158,11 @@ def parse_tf_config(text: str | None) -> ClusterInfo | None:
         raise ConfigError(
             f"TF_CONFIG lists {len(jobs['chief'])} chiefs; a cluster has at most one. "
             f"Received: chief={list(jobs['chief'])}. Make the others workers."
+        )
+    if len(jobs.get("evaluator", ())) > 1:
+        raise ConfigError(
+            f"TF_CONFIG lists {len(jobs['evaluator'])} evaluators; a cluster has at most one "
+            f"(TensorFlow's rule). Received: evaluator={list(jobs['evaluator'])}. Keep one."
         )
     task = data.get("task") or {}
     task_type, task_index = task.get("type"), task.get("index", 0)

@@ -27,12 +27,18 @@ class Plan:
         mesh: the local devices as replicas x stages.
         num_workers: training processes in the cluster (1 without TF_CONFIG).
         explicit_devices: True when the user listed the devices.
+        evaluator: True on the cluster's ``evaluator`` task, which trains
+            nothing: its strategy is local (``mode`` is ``none`` or
+            ``mirrored``) and ``fit`` evaluates the chief's checkpoints.
+        cluster_mode: on the evaluator, the mode the training tasks run in.
     """
 
     mode: str
     mesh: DeviceMesh
     num_workers: int = 1
     explicit_devices: bool = False
+    evaluator: bool = False
+    cluster_mode: str | None = None
 
     @property
     def num_replicas(self) -> int:
@@ -112,10 +118,37 @@ def _multi_worker_devices(config: StrategyConfig, selected: tuple[str, ...]) -> 
     return devices
 
 
+def _evaluator_plan(
+    config: StrategyConfig, available: Sequence[str], cluster: ClusterInfo
+) -> Plan:
+    """The evaluator's layout: the local devices, as a single process would use them.
+
+    Raises:
+        ConfigError: without ``checkpoint.dir`` (there would be nothing to evaluate).
+    """
+    if config.checkpoint.dir is None:
+        raise ConfigError(
+            f"Task {cluster.task} is the cluster's evaluator: it evaluates the checkpoints "
+            "the chief writes to checkpoint.dir, but checkpoint.dir is not set. Received: "
+            "checkpoint.dir=None. Set checkpoint.dir to the directory the chief writes "
+            "(shared storage, the same value on every task)."
+        )
+    cluster_mode = resolve_mode(config, cluster, 1)
+    if cluster_mode == "parameter_server":
+        check_cluster(cluster, config)
+    mode = config.data_parallel.mode
+    local = config.override({"data_parallel.mode": mode if mode in ("none", "mirrored")
+                             else "auto"})
+    plan = make_plan(local, available, None)
+    return dataclasses.replace(plan, evaluator=True, cluster_mode=cluster_mode)
+
+
 def make_plan(
     config: StrategyConfig, available: Sequence[str], cluster: ClusterInfo | None = None
 ) -> Plan:
     """Checks ``config`` against the runtime and returns the layout to build.
+
+    On an ``evaluator`` task the layout is local (see ``Plan.evaluator``).
 
     Args:
         config: a validated config.
@@ -125,7 +158,10 @@ def make_plan(
     Raises:
         RuntimeMismatchError: when devices are missing or too few, or the batch
             does not divide over the replicas.
+        ConfigError: on an evaluator task without ``checkpoint.dir``.
     """
+    if cluster is not None and cluster.is_evaluator:
+        return _evaluator_plan(config, available, cluster)
     devices = select_devices(config, available)
     stages = config.model_parallel.stages
     if len(devices) < stages:

@@ -26,12 +26,13 @@ BIN = pathlib.Path(sys.executable).parent
 
 
 def launch(workers: int, ps: int, *command: str, max_restarts: int = 0,
-           timeout: float = 180) -> subprocess.CompletedProcess:
+           timeout: float = 180, evaluator: bool = False) -> subprocess.CompletedProcess:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("TF_CONFIG", None)
     return subprocess.run(
         [*launch_command(), "--workers", str(workers), "--ps", str(ps),
-         "--max-restarts", str(max_restarts), "--timeout", str(timeout), "--", *command],
+         *(["--evaluator"] if evaluator else []), "--max-restarts", str(max_restarts),
+         "--timeout", str(timeout), "--", *command],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout + 60,
     )
 
@@ -156,17 +157,21 @@ def test_a_lost_ps_is_named_and_a_relaunch_resumes_from_the_checkpoint(tmp_path)
     assert sum(resumed["steps_by_worker"]) == 80
 
 
-def test_parameter_server_preset_through_launch(tmp_path, clicks_data_dir):
+def test_parameter_server_preset_through_launch(tmp_path, clicks_data_dir, tensorboard_scalars):
     model_dir, checkpoints = tmp_path / "model", tmp_path / "checkpoints"
     result = launch(2, 2, str(BIN / "hybridpar"), "train", "--config",
                     "configs/parameter_server.yaml", "--model_dir", str(model_dir),
                     "--data_dir", clicks_data_dir, "--set", f"checkpoint.dir={checkpoints}",
-                    "--set", "train.epochs=2", "--verbose", "2")
+                    "--set", "train.epochs=2", "--verbose", "2", evaluator=True)
     assert result.returncode == 0, result.stderr[-4000:]
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["mode"] == "parameter_server"
     assert summary["eval_metrics"]["accuracy"] > 0.6  # the majority class is 0.5
     assert [p.name for p in hybridpar.checkpoint.list_checkpoints(checkpoints)] == [
         "ckpt-00000060", "ckpt-00000120"]  # one per epoch, written by the chief
+    # The same command on the evaluator task evaluated both, beside the chief's logs.
+    evaluated = json.loads((model_dir / "evaluator" / "summary.json").read_text())
+    assert evaluated["eval_metrics"] == pytest.approx(summary["eval_metrics"], rel=1e-5)
+    assert set(tensorboard_scalars(model_dir / "logs" / "evaluation")) == {60, 120}
     reloaded = keras.models.load_model(model_dir / "model.keras")
     assert reloaded.get_layer("item_embedding").embeddings.shape == (100_000, 16)

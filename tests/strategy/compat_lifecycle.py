@@ -4,7 +4,7 @@
 
 Records every patched attribute before hybridpar builds anything, then which
 groups of fixes are installed while a staged strategy, a ``hybridpar.stage()``
-block and a parameter-server hold exist, after they are gone, and after
+block and the parameter-server and runner holds exist, after they are gone, and after
 ``hybridpar.compat.uninstall()``. tests/strategy/test_compat_scoping.py reads it.
 """
 
@@ -58,7 +58,7 @@ result["staged_alive"] = replaced()
 del hs, model
 gc.collect()
 result["after_gc"] = replaced()
-with compat.holding("parameter_server"):
+with compat.holding("parameter_server"), compat.holding("runners"):
     hs, model = staged_fit()
     with hybridpar.stage(1):
         result["everything_held"] = replaced()

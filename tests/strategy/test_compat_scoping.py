@@ -22,7 +22,9 @@ pytestmark = pytest.mark.strategy
 
 HERE = pathlib.Path(__file__).parent
 STAGE_FIXES = {"stage_calls", "stage_gradients"}
-PS_FIXES = {"shard_views", "sharded_embedding", "sharded_numpy", "atomic_updates", "ps_routing"}
+# Patches installed for parameter-server strategies and runners only (never by a mirrored fit).
+PS_FIXES = {"shard_views", "sharded_embedding", "sharded_numpy", "atomic_updates",
+            "runner_routing"}
 
 
 def trained_weights(mode: str, out: pathlib.Path) -> dict[str, np.ndarray]:

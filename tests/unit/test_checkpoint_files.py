@@ -105,3 +105,20 @@ def test_describe_topology():
 def test_manifest_is_plain_json(tmp_path):
     path = write(tmp_path, 1, epoch=3)
     assert json.loads((path / "manifest.json").read_text())["data"]["epoch"] == 3
+
+
+@pytest.mark.parametrize("data, steps, expected", [
+    ({"epoch": 1, "batch": 0}, 20, (1, 0, "at the start of epoch 2")),
+    ({"epoch": 1, "batch": 10, "steps_per_epoch": 20}, 20,
+     (1, 10, "inside epoch 2, after its first 10 step(s); each worker's input starts again")),
+    ({"epoch": 1, "batch": 10}, 20, (1, 10, "inside epoch 2, after its first 10 step(s)")),
+    ({"epoch": 1, "batch": 10, "steps_per_epoch": 20}, 30,
+     (2, 0, "at the start of epoch 3, not inside epoch 2 after its step 10: it was written "
+            "with steps_per_epoch=20 and this fit has 30")),
+    ({"epoch": 0, "batch": 25}, 20, (1, 0, "at the start of epoch 2, not inside epoch 1 after "
+                                           "its step 25: its epoch had ended")),
+])
+def test_where_parameter_server_training_resumes(data, steps, expected):
+    epoch, batch, where = checkpoint.asynchronous_resume({"data": data}, steps)
+    assert (epoch, batch) == expected[:2]
+    assert where.startswith(expected[2])

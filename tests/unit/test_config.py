@@ -312,3 +312,17 @@ def test_powersgd_typo_in_a_yaml_file_names_the_line(tmp_path):
                                           r'"communication.powersgd.warmup_step". Did you mean '
                                           r'"communication.powersgd.warmup_steps"'):
         StrategyConfig.from_yaml(path)
+
+
+def test_evaluator_section_defaults_and_ranges():
+    settings = StrategyConfig().evaluator
+    assert (settings.log_dir, settings.poll_seconds, settings.timeout_seconds) == (None, 1.0, None)
+    keys = StrategyConfig.keys()
+    assert "evaluator.poll_seconds" in keys
+    with pytest.raises(ConfigError, match=r"evaluator.poll_seconds must be > 0. Received: "
+                                          r"evaluator.poll_seconds=0"):
+        StrategyConfig().override({"evaluator.poll_seconds": 0})
+    with pytest.raises(ConfigError, match="evaluator.timeout_seconds must be > 0 or null"):
+        StrategyConfig().override({"evaluator.timeout_seconds": -1})
+    with pytest.raises(ConfigError, match='Did you mean "evaluator.log_dir"'):
+        StrategyConfig.from_dict({"evaluator": {"logdir": "x"}})

@@ -442,7 +442,7 @@ def test_parameter_server_mode_restarts_a_dead_worker_alone_at_its_address(recor
 
 def test_parameter_server_mode_restarts_the_cluster_when_the_chief_fails(records):
     plan = {"*": {"sleep": 600}, "chief:0@0": {"wait_for": ["ps:0"], "sleep": 0, "exit": 5},
-            "chief:0@1": {"wait_for": ["ps:0@1"], "sleep": 0}}
+            "chief:0@1": {"wait_for": ["ps:0@1", "worker:0@1"], "sleep": 0}}
     result, _ = run_launch(["--workers", "1", "--ps", "1", "--max-restarts", "1"], plan, records)
     assert result.returncode == 0, result.stderr
     assert "task chief:0 exited with 5; restarting the cluster (restart 1 of 1)" in result.stderr

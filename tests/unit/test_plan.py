@@ -203,3 +203,46 @@ def test_parameter_server_refuses_model_parallelism(key):
     with pytest.raises(ConfigError, match=r"mode='parameter_server' trains whole models.*"
                                           rf"{key.split('.')[1]}=2"):
         make_plan(config(**{key: 2}), CPUS, ps)
+
+
+def evaluator_cluster(**jobs):
+    cluster = {"chief": ["a:1"], "worker": ["b:1"], **jobs, "evaluator": ["e:1"]}
+    return parse_tf_config(json.dumps({"cluster": cluster,
+                                       "task": {"type": "evaluator", "index": 0}}))
+
+
+@pytest.mark.parametrize("jobs, mode, cluster_mode", [
+    ({"ps": ["c:1"]}, "auto", "parameter_server"),
+    ({"ps": ["c:1"]}, "parameter_server", "parameter_server"),
+    ({}, "multi_worker", "multi_worker"),
+    ({}, "auto", "multi_worker"),
+])
+def test_the_evaluator_plans_a_local_layout(jobs, mode, cluster_mode):
+    cfg = config(**{"data_parallel.mode": mode, "checkpoint.dir": "/ckpt"})
+    plan = make_plan(cfg, CPUS, evaluator_cluster(**jobs))
+    assert plan.evaluator and plan.cluster_mode == cluster_mode
+    assert plan.mode == "mirrored" and plan.mesh.devices == tuple(CPUS)
+    assert plan.num_workers == 1
+    assert make_plan(cfg, CPUS[:1], evaluator_cluster(**jobs)).mode == "none"
+
+
+def test_the_evaluator_keeps_model_parallel_stages_on_its_devices():
+    cfg = config(**{"model_parallel.stages": 2, "checkpoint.dir": "/ckpt"})
+    plan = make_plan(cfg, CPUS, evaluator_cluster())
+    assert plan.mode == "mirrored" and plan.mesh.replicas == 2 and plan.mesh.stages == 2
+
+
+def test_the_evaluator_needs_checkpoint_dir_before_anything_is_built():
+    with pytest.raises(ConfigError, match=r"Task evaluator:0 is the cluster's evaluator: it "
+                                          r"evaluates the checkpoints the chief writes to "
+                                          r"checkpoint.dir, but checkpoint.dir is not set"):
+        make_plan(config(), CPUS, evaluator_cluster())
+
+
+def test_the_evaluator_of_a_parameter_server_cluster_checks_that_cluster():
+    cfg = config(**{"data_parallel.mode": "parameter_server", "checkpoint.dir": "/ckpt"})
+    cluster = parse_tf_config(json.dumps({"cluster": {"chief": ["a:1"], "ps": ["c:1"],
+                                                      "evaluator": ["e:1"]},
+                                          "task": {"type": "evaluator", "index": 0}}))
+    with pytest.raises(RuntimeMismatchError, match="needs a 'worker' job in TF_CONFIG"):
+        make_plan(cfg, CPUS, cluster)

@@ -3,7 +3,9 @@
 With --die_at STEP, task --die_task (on the first run only, HYBRIDPAR_RESTART=0) sends
 itself --die_signal (KILL or TERM) right after that optimizer step. The script writes
 its final weights, optimizer step, PowerSGD state (with --compression powersgd) and the
-checkpoint it resumed from to `<out>/<task>-run<restart>.json`.
+checkpoint it resumed from to `<out>/<task>-run<restart>.json`. With --validate, fit validates
+on 96 held-out examples and the script evaluates on them after fit; on an evaluator task
+(`launch --evaluator`) the same fit evaluates the chief's checkpoints instead of training.
 """
 
 import argparse
@@ -30,6 +32,14 @@ def dataset() -> tf.data.Dataset:
     y = (x[:, :3].sum(axis=1) > 0).astype("int32")
     data = tf.data.Dataset.from_tensor_slices((x, y))
     return data.shuffle(480, seed=3, reshuffle_each_iteration=False).batch(GLOBAL_BATCH)
+
+
+def held_out() -> tf.data.Dataset:
+    """96 other examples of the same task, in 3 batches."""
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(96, 12)).astype("float32")
+    y = (x[:, :3].sum(axis=1) > 0).astype("int32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
 
 
 class Die(keras.callbacks.Callback):
@@ -62,6 +72,7 @@ def main() -> None:
     parser.add_argument("--compression", default="none",
                         choices=["none", "fp16", "bf16", "powersgd"])
     parser.add_argument("--rank", type=int, default=2, help="PowerSGD's rank")
+    parser.add_argument("--validate", action="store_true")
     args = parser.parse_args()
     task = os.environ.get("HYBRIDPAR_TASK", "single")
     restart = int(os.environ.get("HYBRIDPAR_RESTART", "0"))
@@ -73,6 +84,7 @@ def main() -> None:
         "checkpoint": {"dir": args.ckpt, "every_steps": args.every_steps, "every_epochs": 1,
                        "keep": 3},
         "communication": {"timeout_seconds": 60, "compression": args.compression},
+        "evaluator": {"poll_seconds": 0.2},
     }
     if args.compression == "powersgd":
         config["communication"]["powersgd"] = {"rank": args.rank, "min_elements": 0}
@@ -88,9 +100,14 @@ def main() -> None:
         callbacks = hs.callbacks()
     if args.die_at and task in (args.die_task, "single") and restart == 0:
         callbacks.append(Die(args.die_at, getattr(signal, f"SIG{args.die_signal}")))
-    history = model.fit(data, epochs=args.epochs, verbose=2, shuffle=False, callbacks=callbacks)
+    validation = held_out() if args.validate else None
+    history = model.fit(data, epochs=args.epochs, verbose=2, shuffle=False, callbacks=callbacks,
+                        validation_data=validation)
     restored = callbacks[0].restored
     result = {
+        "is_evaluator": hs.is_evaluator, "epochs": history.epoch,
+        "evaluation": model.evaluate(validation, return_dict=True, verbose=0)
+        if validation is not None else None,
         "task": task, "restart": restart, "mode": hs.mode, "num_replicas": hs.num_replicas,
         "topology": restored.manifest["topology"] if restored else None,
         "steps": int(model.optimizer.iterations.numpy()),

@@ -4,7 +4,10 @@ Run by ``hybridpar launch --workers N --ps M -- python train_ps.py --out DIR ...
 every task runs it; worker and ps tasks block in ``hybridpar.scope()``; the
 chief trains the wide-and-deep recommender (small tables) on hybridpar_clicks
 examples and writes ``DIR/chief-<restart>.json``. Each task first writes its
-pid to ``DIR/pid-<task>`` so the chief can kill one (``--kill``) mid-training.
+pid to ``DIR/pid-<task>`` so the chief can kill one (``--kill``) mid-training,
+or send itself SIGTERM (``--term_at``). On an evaluator task (``launch
+--evaluator``) the same ``fit`` evaluates the chief's checkpoints and the
+script writes ``DIR/evaluator-<restart>.json``.
 """
 
 import argparse
@@ -36,6 +39,8 @@ parser.add_argument("--kill_at_epoch_start", action="store_true",
                     help="kill when the epoch that starts at --kill_at begins")
 parser.add_argument("--await_restart", action="store_true",
                     help="after the kill, wait at the next epoch until the task runs again")
+parser.add_argument("--term_at", type=int, default=0,
+                    help="the chief sends itself SIGTERM after this global step (first run)")
 parser.add_argument("--checkpoint_dir", default=None)
 args = parser.parse_args()
 
@@ -84,6 +89,7 @@ config = {
 }
 if args.checkpoint_dir:
     config["checkpoint"] = {"dir": args.checkpoint_dir, "every_epochs": 1}
+    config["evaluator"] = {"poll_seconds": 0.2}
 with hybridpar.scope(config) as hs:
     counts = tf.Variable(tf.zeros([1, NUM_WORKERS], tf.int64), trainable=False)
     inner = hybridpar_models.get("wide_and_deep")(num_users=NUM_USERS, num_items=NUM_ITEMS)
@@ -115,6 +121,9 @@ class Kill(keras.callbacks.Callback):
         if (args.kill and RESTART == 0 and not args.kill_at_epoch_start
                 and self.epoch * args.steps + batch == args.kill_at):
             self.kill()
+        if args.term_at and RESTART == 0 and self.epoch * args.steps + batch + 1 == args.term_at:
+            print(f"sending SIGTERM to myself after scheduling step {args.term_at}", flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def kill(self):
         pid = int((args.out / f"pid-{args.kill}").read_text())
@@ -130,14 +139,20 @@ x = {
         generator, output_signature=(tf.TensorSpec([5], tf.int64), tf.TensorSpec([], tf.int64))),
     "arrays": features,
 }[args.input]
+validation = tf.data.Dataset.from_tensor_slices((features[:512], labels[:512])).batch(128)
 history = model.fit(
     x,
     epochs=args.epochs,
     steps_per_epoch=None if args.no_steps_per_epoch else args.steps,
-    validation_data=tf.data.Dataset.from_tensor_slices((features[:512], labels[:512])).batch(128),
+    validation_data=validation,
     callbacks=[Kill(), *hs.callbacks()],
     verbose=2,
 )
+if hs.is_evaluator:
+    result = {"history": history.history, "epochs": history.epoch, "mode": hs.mode,
+              "evaluation": model.evaluate(validation, return_dict=True, verbose=0)}
+    (args.out / f"evaluator-{RESTART}.json").write_text(json.dumps(result, indent=1))
+    raise SystemExit(0)
 table = inner.get_layer("item_embedding").embeddings
 slots = [v for v in model.optimizer.variables if "item_embedding" in v.path]
 result = {
@@ -151,9 +166,11 @@ result = {
     "evaluation": model.evaluate(
         tf.data.Dataset.from_tensor_slices((features, labels)).batch(256), return_dict=True,
         verbose=0),
+    "val_evaluation": model.evaluate(validation, return_dict=True, verbose=0),
     "predictions_shape": list(model.predict(features[:100], verbose=0).shape),
     "table_type": type(table.value).__name__,
-    "table_shards": [[s.device, s.shape.as_list()] for s in table.value.variables],
+    "table_shards": [[s.device, s.shape.as_list()]
+                     for s in getattr(table.value, "variables", [table.value])],
     "slots": [[v.value.device, v.shape.as_list()] for v in slots],
 }
 (args.out / f"chief-{RESTART}.json").write_text(json.dumps(result, indent=1))
