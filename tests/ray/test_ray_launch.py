@@ -72,7 +72,8 @@ def test_a_failing_task_stops_the_others_and_their_children(ray_address, records
 
 
 def test_max_restarts_start_new_actors_on_new_ports(ray_address, records):
-    plan = {"worker:1@0": {"kill": True}}
+    plan = {"worker:1@0": {"wait_for": ["worker:0@0"], "kill": True},  # both ran, then a kill
+            "worker:0@1": {"wait_for": ["worker:1@1"]}}
     result, _ = ray_launch(ray_address, ["--workers", "2", "--max-restarts", "1"], plan, records)
     assert result.returncode == 0, result.stderr
     assert "task worker:1 exited with 137; restarting the cluster (restart 1 of 1)" in (
