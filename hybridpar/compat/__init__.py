@@ -11,7 +11,7 @@ one exists) and registers a ``patching.Fix``. Two kinds:
 - patches of Keras/TensorFlow attributes (``symbolic_build``,
   ``replica_share``, ``gradient_all_reduce``, ``metric_reduction``,
   ``unbatched_input``, ``chief_files``, ``microbatch_step``, the stage hooks
-  ``stage_marks``/``stage_calls``/``stage_gradients``, and the
+  ``stage_marks``/``stage_calls``/``stage_gradients``/``weight_gradient_split``, and the
   parameter-server fixes ``shard_views``, ``sharded_embedding``,
   ``sharded_numpy``, ``atomic_updates``, ``ps_routing``): each patched
   function first asks whether the model or strategy at hand is hybridpar's
@@ -47,6 +47,7 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     staged_variables,
     symbolic_build,
     unbatched_input,
+    weight_gradient_split,
 )
 from hybridpar.compat.patching import Fix, hold, holding, installed, known, uninstall
 from hybridpar.compat.versions import VERIFIED_KERAS, VERIFIED_TF, check_versions

@@ -157,3 +157,9 @@ def test_upstream_a_strategy_that_trained_is_never_collected():
     result = run_upstream("fit_keeps_the_strategy_alive")
     assert result["alive"], "upstream strategies are collected now: revisit replica_all_reduce"
     assert result["registered_gradients"] == 2  # one custom gradient per replica, never removed
+
+
+@pytest.mark.slow
+def test_upstream_tapes_build_a_weight_gradient_per_microbatch():
+    assert run_upstream("per_microbatch_weight_gradients") == {
+        "weight_gradient_matmuls": 4, "microbatches": 4}
