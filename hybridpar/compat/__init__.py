@@ -35,6 +35,7 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     gradient_all_reduce,
     metric_reduction,
     microbatch_step,
+    optional_outputs,
     ps_routing,
     replica_all_reduce,
     replica_share,
@@ -45,9 +46,11 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     stage_gradients,
     stage_marks,
     staged_variables,
+    step_loop,
     symbolic_build,
     unbatched_input,
     weight_gradient_split,
+    xla_replicas,
 )
 from hybridpar.compat.patching import Fix, hold, holding, installed, known, uninstall
 from hybridpar.compat.versions import VERIFIED_KERAS, VERIFIED_TF, check_versions

@@ -243,8 +243,9 @@ def partial_dataset(batch: int = 8) -> tf.data.Dataset:
 
 def small_mlp() -> keras.Model:
     keras.utils.set_random_seed(1)
-    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
-                             keras.layers.Dense(1)])
+    return keras.Sequential([keras.Input((4,)),
+                             keras.layers.Dense(8, activation="relu", name="hidden"),
+                             keras.layers.Dense(1, name="out")])
 
 
 class OpsPerStep(keras.callbacks.Callback):
