@@ -251,10 +251,12 @@ class TimedSection:
 
 
 def _traced_function(train_function: Any) -> Any:
-    """The ``tf.function`` behind Keras's ``model.train_function`` wrapper."""
+    """The ``tf.function`` behind ``model.train_function`` (hybridpar's
+    ``compat.optional_outputs`` or Keras's own)."""
     import inspect
 
-    return inspect.getclosurevars(train_function).nonlocals["multi_step_on_iterator"]
+    nonlocals = inspect.getclosurevars(train_function).nonlocals
+    return nonlocals.get("traced") or nonlocals["multi_step_on_iterator"]
 
 
 def _collectives_of(function: Any) -> dict[str, int]:
