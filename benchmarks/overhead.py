@@ -271,7 +271,8 @@ def run_parent(args: argparse.Namespace) -> None:
         f"adam; data {args.examples}x{args.features} in memory; global batch {args.batch} "
         f"({'dynamic, final partial batch kept' if args.keep_remainder else 'drop_remainder'}); "
         f"intra-op threads {threads}; 1 warm-up + {args.epochs} timed epochs "
-        f"({info["steps"]} timed executions/child); {args.pairs} pairs, {2 * args.pairs} processes, "
+        f"({info['steps']} timed executions/child); {args.pairs} pairs, "
+        f"{2 * args.pairs} processes, "
         f"{time.perf_counter() - start:.0f} s"
     )
     mean_ratio = summarize(means)[2]
