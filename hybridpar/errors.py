@@ -17,6 +17,10 @@ class CheckpointDamagedError(RuntimeError):
     """A checkpoint on disk is incomplete, truncated or does not match its checksum."""
 
 
+class CheckpointWriteError(RuntimeError):
+    """Writing a checkpoint failed (a full disk, an I/O error); earlier checkpoints are intact."""
+
+
 class CheckpointMismatchError(ConfigError):
     """A checkpoint was written by a different model or optimizer than it is restored into."""
 
