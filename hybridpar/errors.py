@@ -17,8 +17,12 @@ class CheckpointDamagedError(RuntimeError):
     """A checkpoint on disk is incomplete, truncated or does not match its checksum."""
 
 
-class CheckpointWriteError(RuntimeError):
-    """Writing a checkpoint failed (a full disk, an I/O error); earlier checkpoints are intact."""
+class CheckpointWriteError(OSError):
+    """Writing a checkpoint failed (a full disk, an I/O error); earlier checkpoints are intact.
+
+    An ``OSError``, as the failed write itself was when checkpoints were
+    written in the training thread.
+    """
 
 
 class CheckpointMismatchError(ConfigError):

@@ -53,6 +53,8 @@ def one_device() -> keras.Model:
 MIRRORED = {"data_parallel": {"mode": "mirrored"}}
 HYBRID = {"data_parallel": {"mode": "mirrored"},
           "model_parallel": {"stages": 2, "placement": {"^out$": 1}}}
+PIPELINED = {"data_parallel": {"mode": "mirrored"},
+             "model_parallel": {"stages": 2, "placement": {"^out$": 1}, "microbatches": 2}}
 
 
 def traced_graph(model: keras.Model) -> tf.Graph:
@@ -100,8 +102,9 @@ def test_upstream_steps_per_execution_fails_under_mirrored():
 
 
 @pytest.mark.parametrize("steps_per_execution", [3, 4])
-@pytest.mark.parametrize("config", [{"data_parallel": {"mode": "none"}}, MIRRORED, HYBRID],
-                         ids=["none", "mirrored", "hybrid_2x2"])
+@pytest.mark.parametrize("config", [{"data_parallel": {"mode": "none"}}, MIRRORED, HYBRID,
+                                    PIPELINED],
+                         ids=["none", "mirrored", "hybrid_2x2", "pipelined_2x2_m2"])
 def test_steps_per_execution_trains_like_one_device(config, steps_per_execution, one_device):
     """3 divides the 6 batches of an epoch; 4 leaves a last execution of 2 batches."""
     batches = []
