@@ -6,11 +6,14 @@ one exists) and registers a ``patching.Fix``. Two kinds:
 - overrides used by hybridpar's own strategy classes (``collective_keys``,
   ``even_batches``, ``collective_restart``, ``staged_variables``, the
   per-replica hook of ``replica_share``, the leak-free all-reduce of
-  ``replica_all_reduce``, the chief-side run of ``ps_routing``): they act
-  only on strategies hybridpar built, by construction;
+  ``replica_all_reduce``, the chief-side run of ``ps_routing``, the
+  training loops ``step_loop`` and ``xla_replicas`` that ``optional_outputs``
+  builds for owned models): they act only on strategies hybridpar built, by
+  construction;
 - patches of Keras/TensorFlow attributes (``symbolic_build``,
   ``replica_share``, ``gradient_all_reduce``, ``metric_reduction``,
-  ``unbatched_input``, ``chief_files``, ``microbatch_step``, the stage hooks
+  ``unbatched_input``, ``chief_files``, ``microbatch_step``,
+  ``optional_outputs``, the stage hooks
   ``stage_marks``/``stage_calls``/``stage_gradients``/``weight_gradient_split``, and the
   parameter-server fixes ``shard_views``, ``sharded_embedding``,
   ``sharded_numpy``, ``atomic_updates``, ``ps_routing``): each patched
