@@ -4,25 +4,39 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+RAY_STAMP := $(VENV)/.installed-ray
+PIP_INSTALL := $(BIN)/python -m pip install --quiet -c requirements/constraints.txt
 
-.PHONY: demo test test-fast lint bench clean
+.PHONY: demo test test-fast lint bench gpu clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
-	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt -e ".[test]"
+	$(PIP_INSTALL) -e ".[test]"
 	touch $(STAMP)
+
+# The tests also run on Ray (the `ray` extra); `make demo` does without it.
+$(RAY_STAMP): $(STAMP)
+	$(PIP_INSTALL) -e ".[test,ray]"
+	touch $(RAY_STAMP)
+
+# TensorFlow with CUDA in place of tensorflow-cpu (both install the same `tensorflow`
+# package, so the CPU build is removed first and the CUDA build installed whole).
+gpu: $(STAMP)
+	$(PIP_INSTALL) -e ".[gpu]"
+	$(BIN)/python -m pip uninstall --quiet -y tensorflow-cpu tensorflow
+	$(PIP_INSTALL) "tensorflow[and-cuda]"
 
 demo: $(STAMP)
 	$(BIN)/hybridpar train --config configs/quickstart.yaml
 
-test: $(STAMP)
+test: $(RAY_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "not keras_suite"
 	$(BIN)/python -m pytest -q -m keras_suite
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not multiworker and not keras_suite"
+	$(BIN)/python -m pytest -q -m "not slow and not multiworker and not keras_suite and not ray"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -454,7 +454,8 @@ def run_cluster(
     cmd += ["--sample_bytes"] if sample_bytes else []
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     out, err = io.StringIO(), io.StringIO()
-    code = launch(cmd, WORKERS, timeout=CLUSTER_TIMEOUT_S, env=env, stdout=out, stderr=err)
+    code = launch(cmd, WORKERS, timeout=CLUSTER_TIMEOUT_S, env=env, stdout=out, stderr=err,
+                  console="all")  # every worker prints its record
     if code != 0:
         raise RuntimeError(
             f"Cluster --child={variant} exited with {code}:\n"

@@ -41,6 +41,7 @@ _LAZY_MODULES = {
     "data": "hybridpar.data",
     "parameter_server": "hybridpar.strategies.ps_training",
     "pipeline": "hybridpar.pipeline",
+    "ray_train": "hybridpar.ray_train",
     "report": "hybridpar.report",
     "testing": "hybridpar.testing",
 }
@@ -63,6 +64,7 @@ __all__ = [
     "data",
     "log_to_stderr",
     "pipeline",
+    "ray_train",
     "report",
     "scope",
     "stage",

@@ -5,13 +5,21 @@ what reaches the screen is the application's choice. ``hybridpar train``
 shows INFO lines; a script calls ``hybridpar.log_to_stderr()`` (or configures
 ``logging`` itself) to see which mode was chosen, how input is sharded,
 checkpoints saved and restored, and warnings.
+
+Under ``hybridpar launch`` (which sets ``HYBRIDPAR_LOG_TAGS=1`` in every task)
+each line starts with its level between two ``LOG_TAG`` characters, so the
+launcher can show other tasks' warnings and hide their INFO lines; it
+removes the tag before printing or logging the line.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 LOGGER_NAME = "hybridpar"
+LOG_TAGS_ENV = "HYBRIDPAR_LOG_TAGS"
+LOG_TAG = "\x1f"  # ASCII unit separator: never printed by hand, invisible if it leaks
 
 logging.getLogger(LOGGER_NAME).addHandler(logging.NullHandler())
 
@@ -30,7 +38,9 @@ def log_to_stderr(level: int | str = logging.INFO) -> logging.Handler:
         if getattr(handler, "_hybridpar_stderr", False):
             return handler
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    tagged = os.environ.get(LOG_TAGS_ENV) == "1"
+    fmt = f"{LOG_TAG}%(levelname)s{LOG_TAG}%(message)s" if tagged else "%(message)s"
+    handler.setFormatter(logging.Formatter(fmt))
     handler._hybridpar_stderr = True
     logger.addHandler(handler)
     logger.propagate = False

@@ -41,6 +41,7 @@ class TrainResult:
     log_dir: str
     placement_png: str
     seconds: float
+    is_chief: bool = True
 
     def summary(self) -> str:
         """A short human-readable report."""
@@ -178,6 +179,7 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
         log_dir=str(log_dir),
         placement_png=str(placement_png),
         seconds=time.perf_counter() - started,
+        is_chief=hybrid.is_chief,
     )
     (model_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(result), indent=2))
     return result

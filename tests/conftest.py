@@ -6,10 +6,14 @@ need are made here, before any test runs.
 """
 
 import os
+import pathlib
+import signal
+from collections.abc import Iterator
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
+from launch_helpers import all_pids, is_alive  # beside this file
 
 import hybridpar
 
@@ -26,3 +30,13 @@ def digits_data_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     data_dir = tmp_path_factory.mktemp("tfds")
     hybridpar.data.load_tfds("hybridpar_digits", "train", data_dir)
     return str(data_dir)
+
+
+@pytest.fixture
+def records(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    directory = tmp_path / "records"
+    directory.mkdir()
+    yield directory
+    for pid in all_pids(directory):  # never leave a sleeper behind, whatever happened
+        if is_alive(pid):
+            os.kill(pid, signal.SIGKILL)

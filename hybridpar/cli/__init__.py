@@ -15,7 +15,7 @@ from hybridpar.config import did_you_mean
 
 COMMANDS = {
     "train": "train a model from a config (see `hybridpar train --helpfull`)",
-    "launch": "start a local cluster: hybridpar launch --workers N [--ps M] -- CMD ...",
+    "launch": "start a cluster: hybridpar launch [--engine local|ray] --workers N -- CMD ...",
     "tf-config": "print the TF_CONFIG for one task of a cluster",
 }
 USAGE = "usage: hybridpar COMMAND [FLAGS]\n\ncommands:\n" + "".join(

@@ -67,7 +67,8 @@ def _train_main(argv: Sequence[str]) -> None:
 
     model_dir = FLAGS.model_dir or str(Path("runs") / Path(FLAGS.config).stem)
     result = train(config, model_dir, verbose=FLAGS.verbose)
-    print(result.summary(), flush=True)
+    if result.is_chief:  # the other workers trained the same model: one summary is enough
+        print(result.summary(), flush=True)
 
 
 def run(argv: list[str]) -> None:

@@ -12,7 +12,7 @@ one exists) and registers a ``patching.Fix``. Two kinds:
   construction;
 - patches of Keras/TensorFlow attributes (``symbolic_build``,
   ``replica_share``, ``gradient_all_reduce``, ``metric_reduction``,
-  ``unbatched_input``, ``chief_files``, ``microbatch_step``,
+  ``unbatched_input``, ``chief_files``, ``microbatch_step``, ``legacy_keras``,
   ``optional_outputs``, the stage hooks
   ``stage_marks``/``stage_calls``/``stage_gradients``/``weight_gradient_split``, and the
   parameter-server fixes ``shard_views``, ``sharded_embedding``,
@@ -36,6 +36,7 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     collective_restart,
     even_batches,
     gradient_all_reduce,
+    legacy_keras,
     metric_reduction,
     microbatch_step,
     optional_outputs,

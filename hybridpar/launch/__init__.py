@@ -1,8 +1,11 @@
-"""A real local multi-process TensorFlow cluster: ``hybridpar launch`` and ``hybridpar tf-config``.
+"""A real multi-process TensorFlow cluster: ``hybridpar launch`` and ``hybridpar tf-config``.
 
-``hybridpar launch --workers N [--ps M] [--max-restarts K] [--timeout S] -- CMD [ARGS...]``
-picks free localhost ports, starts one process per task running CMD with its own
-``TF_CONFIG``, re-prints every output line prefixed with the task (``[worker:1] ...``),
+``hybridpar launch [--engine local|ray] --workers N [--ps M] [--max-restarts K] [--timeout S]
+-- CMD [ARGS...]`` starts one process per task running CMD with its own ``TF_CONFIG``:
+on free localhost ports (``--engine local``, the default), or in one Ray actor per
+task on ports free on its node (``--engine ray``, see ``ray_engine``). It shows the
+chief's output and the other tasks' warnings and errors, prefixed with the task
+(``[worker:1] ...``), writes every task's full log to ``--log-dir`` (see ``output``),
 stops the whole cluster when a task fails (SIGTERM to each task's process group,
 SIGKILL after a grace period) and can start it again on new ports.
 
@@ -22,8 +25,11 @@ SIGHUP (129); 127/126 when CMD cannot be started; 2 for bad command-line input. 
 TensorFlow here: the package is plain Python.
 
 Modules: ``tasks`` (layout, environments, exit policies; pure), ``ports``
-(addresses and free ports; pure), ``processes`` (the children of one run),
-``local`` (the run-and-restart loop), ``args`` (the command lines).
+(addresses and free ports; pure), ``output`` (lines, progress bars, console,
+task logs), ``cluster_run`` (one run and the restart loop, any engine),
+``processes`` and ``local`` (the local engine), ``ray_engine`` and ``ray_actor``
+(the Ray engine; imported only for ``--engine ray``), ``signals``, ``args`` (the
+command lines).
 """
 
 from __future__ import annotations

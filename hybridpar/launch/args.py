@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 from hybridpar.config import did_you_mean
 from hybridpar.exit_codes import TIMEOUT_EXIT_CODE, USAGE_EXIT_CODE
 from hybridpar.launch.local import launch
+from hybridpar.launch.output import CONSOLE_MODES, default_log_dir
 from hybridpar.launch.ports import (
     DEFAULT_HOST,
     check_unique_addresses,
@@ -25,7 +26,9 @@ from hybridpar.launch.tasks import (
     UsageError,
     check_launch_options,
     make_tf_config,
+    task_layout,
 )
+from hybridpar.topology.cluster import Task
 
 
 class _ParserExit(Exception):
@@ -55,15 +58,39 @@ class LaunchOptions:
     timeout: float | None = None
     host: str = DEFAULT_HOST
     grace: float = DEFAULT_GRACE
+    engine: str = "local"
+    address: str | None = None
+    cpus_per_task: float | None = None
+    gpus_per_task: float | None = None
+    log_dir: str | None = None
+    console: str = "chief"
+
+    @property
+    def tasks(self) -> list[Task]:
+        """The cluster's tasks (``tasks.task_layout``), whatever the engine."""
+        return task_layout(self.workers, self.ps)
+
+
+ENGINES = ("local", "ray")
+RAY_ONLY = {"address": "--address", "cpus_per_task": "--cpus-per-task",
+            "gpus_per_task": "--gpus-per-task"}
 
 
 def _launch_parser() -> _Parser:
     parser = _Parser(
         prog="hybridpar launch",
-        usage="hybridpar launch --workers N [--ps M] [--max-restarts K] [--timeout SECONDS] "
-        "[--host HOST] [--grace SECONDS] -- CMD [ARGS...]",
-        description="Start a local TensorFlow cluster: one process per task, each running CMD "
-        "with its own TF_CONFIG, HYBRIDPAR_TASK and HYBRIDPAR_RESTART.",
+        usage="hybridpar launch [--engine local|ray] --workers N [--ps M] [--max-restarts K] "
+        "[--timeout SECONDS] [--log-dir DIR] [--console chief|all] [--host HOST] "
+        "[--grace SECONDS] [--address RAY_ADDRESS] [--cpus-per-task C] [--gpus-per-task G] "
+        "-- CMD [ARGS...]",
+        description="Start a TensorFlow cluster: one process per task, each running CMD "
+        "with its own TF_CONFIG, HYBRIDPAR_TASK and HYBRIDPAR_RESTART; on this machine "
+        "(--engine local) or as Ray actors (--engine ray).",
+    )
+    parser.add_argument(
+        "--engine",
+        default="local",
+        help="local (processes on this machine, the default) or ray (one Ray actor per task)",
     )
     parser.add_argument("--workers", type=int, required=True, help="number of worker tasks")
     parser.add_argument(
@@ -85,7 +112,34 @@ def _launch_parser() -> _Parser:
         default=None,
         help=f"stop everything after SECONDS and exit {TIMEOUT_EXIT_CODE}",
     )
-    parser.add_argument("--host", default=DEFAULT_HOST, help="address the tasks listen on")
+    parser.add_argument(
+        "--log-dir",
+        default=None,
+        help="directory for every task's full log (<type>-<index>.log); default: "
+        "runs/launch/<date-time>",
+    )
+    parser.add_argument(
+        "--console",
+        default="chief",
+        help="chief: show the chief's output and the other tasks' warnings and errors "
+        "(default); all: show every task's output",
+    )
+    parser.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help="address the tasks listen on (with --engine ray: the node address of the local "
+        "Ray cluster it starts)",
+    )
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="--engine ray: the Ray cluster to use (host:port of its head, or auto); default: "
+        "start a local one",
+    )
+    parser.add_argument("--cpus-per-task", type=float, default=None,
+                        help="--engine ray: CPUs Ray reserves for each task (default 1)")
+    parser.add_argument("--gpus-per-task", type=float, default=None,
+                        help="--engine ray: GPUs Ray reserves for each task (default 0)")
     parser.add_argument(
         "--grace",
         type=float,
@@ -126,9 +180,32 @@ def parse_launch_args(argv: Sequence[str]) -> LaunchOptions:
             f"Write e.g. {LAUNCH_EXAMPLE}."
         )
     check_launch_options(args.workers, args.ps, args.max_restarts, args.timeout, args.grace)
+    _check_choice("--engine", args.engine, ENGINES)
+    _check_choice("--console", args.console, CONSOLE_MODES)
+    if args.engine != "ray":
+        for name, flag in RAY_ONLY.items():
+            if getattr(args, name) is not None:
+                raise UsageError(
+                    f"{flag} is for the Ray engine. Received: {flag} {getattr(args, name)} with "
+                    f"--engine {args.engine}. Add --engine ray, or drop {flag}."
+                )
+    for flag, value in (("--cpus-per-task", args.cpus_per_task),
+                        ("--gpus-per-task", args.gpus_per_task)):
+        if value is not None and not value >= 0:
+            raise UsageError(f"{flag} must be 0 or more. Received: {flag} {value:g}.")
     return LaunchOptions(
-        command, args.workers, args.ps, args.max_restarts, args.timeout, args.host, args.grace
+        command, args.workers, args.ps, args.max_restarts, args.timeout, args.host, args.grace,
+        engine=args.engine, address=args.address, cpus_per_task=args.cpus_per_task,
+        gpus_per_task=args.gpus_per_task, log_dir=args.log_dir, console=args.console,
     )
+
+
+def _check_choice(flag: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise UsageError(
+            f"unknown {flag} {value!r}.{did_you_mean(value, choices)} "
+            f"Choose one of: {', '.join(choices)}. Received: {flag} {value}."
+        )
 
 
 def _run_parsing(prog: str, parse: Callable[[], Any]) -> tuple[Any, int | None]:
@@ -149,6 +226,11 @@ def main(argv: list[str]) -> int:
     options, code = _run_parsing("hybridpar launch", lambda: parse_launch_args(argv))
     if code is not None:
         return code
+    log_dir = options.log_dir or str(default_log_dir())
+    if options.engine == "ray":
+        from hybridpar.launch import ray_engine
+
+        return _usage_errors(lambda: ray_engine.launch_on_ray(options, log_dir=log_dir))
     return launch(
         options.command,
         options.workers,
@@ -157,7 +239,18 @@ def main(argv: list[str]) -> int:
         timeout=options.timeout,
         host=options.host,
         grace=options.grace,
+        log_dir=log_dir,
+        console=options.console,
     )
+
+
+def _usage_errors(run: Callable[[], int]) -> int:
+    """``run()``, with a UsageError raised there printed as ``hybridpar launch: error: ...``."""
+    try:
+        return run()
+    except UsageError as err:
+        print(f"hybridpar launch: error: {err}", file=sys.stderr)
+        return USAGE_EXIT_CODE
 
 
 def tf_config_from_args(argv: Sequence[str]) -> dict:

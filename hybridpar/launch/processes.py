@@ -1,8 +1,9 @@
-"""The processes of one run of a local cluster, and the launcher's own signals.
+"""The processes of one run of a local cluster.
 
 Each task runs as a child in its own session, so stopping a task reaches its
-whole process tree. Output is read line by line and re-printed with the task
-as a prefix.
+whole process tree. Its stdout and stderr are read as they come (progress
+bars end updates with a carriage return, not a newline) and handed to the
+task's ``output.TaskOutput``.
 """
 
 from __future__ import annotations
@@ -11,45 +12,21 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import IO, Any
+from typing import IO
 
-from hybridpar.exit_codes import TIMEOUT_EXIT_CODE, exit_status
-from hybridpar.launch.tasks import (
-    DEFAULT_GRACE,
-    Outcome,
-    ends_cluster,
-    is_ps_mode,
-    ps_mode_exit,
-    task_environment,
-    task_restart_line,
-)
-from hybridpar.topology.cluster import Task, cluster_spec
+from hybridpar.exit_codes import exit_status
+from hybridpar.launch.cluster_run import POLL_SECONDS, ClusterRun, Outputs, TaskStartError
+from hybridpar.launch.output import Console, TaskOutput
+from hybridpar.launch.signals import SignalWatcher
+from hybridpar.launch.tasks import DEFAULT_GRACE, task_environment
+from hybridpar.topology.cluster import Task
 
-_POLL_SECONDS = 0.05
+__all__ = ["Console", "LocalCluster", "SignalWatcher", "pump", "stop_process_groups"]
 
-
-class Output:
-    """Writes whole lines to the launcher's stdout/stderr under one lock."""
-
-    def __init__(self, stdout: IO[str] | None = None, stderr: IO[str] | None = None) -> None:
-        self.stdout = stdout if stdout is not None else sys.stdout
-        self.stderr = stderr if stderr is not None else sys.stderr
-        self._lock = threading.Lock()
-
-    def write(self, stream: IO[str], line: str) -> None:
-        with self._lock:
-            try:
-                stream.write(line + "\n")
-                stream.flush()
-            except (OSError, ValueError):  # closed or broken pipe: keep draining the child
-                pass
-
-    def info(self, text: str) -> None:
-        self.write(self.stderr, f"hybridpar launch: {text}")
+CHUNK_BYTES = 65536
 
 
 def _live_groups(pgids: Iterable[int]) -> set[int]:
@@ -86,8 +63,44 @@ def _signal_groups(pgids: Iterable[int], signum: int) -> None:
             os.killpg(pgid, signum)
 
 
-class LocalCluster:
-    """One run of a local cluster: every task runs ``command`` with its own TF_CONFIG.
+def pump(pipe: IO[bytes], stream: str, output: TaskOutput) -> None:
+    """Hands every chunk read from ``pipe`` to ``output`` until the pipe closes."""
+    with pipe:
+        for chunk in iter(lambda: pipe.read1(CHUNK_BYTES), b""):
+            output.feed(stream, chunk)
+
+
+def stop_process_groups(
+    pgids: Sequence[int],
+    procs: Sequence[subprocess.Popen[bytes]],
+    grace: float = DEFAULT_GRACE,
+    hurry: Callable[[], bool] = lambda: False,
+) -> None:
+    """SIGTERM to every process group, SIGKILL to those alive after ``grace`` s.
+
+    Returns once no process of the groups is alive (zombies aside), or after
+    10 s more. ``hurry()`` returning True skips the grace.
+    """
+    live = _live_groups(pgids)
+    _signal_groups(live, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while live and time.monotonic() < end and not hurry():
+        time.sleep(POLL_SECONDS)
+        for proc in procs:
+            proc.poll()
+        live = _live_groups(pgids)
+    if live:
+        _signal_groups(live, signal.SIGKILL)
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+    end = time.monotonic() + 10
+    while _live_groups(pgids) and time.monotonic() < end:
+        time.sleep(POLL_SECONDS)
+
+
+class LocalCluster(ClusterRun):
+    """One run of a local cluster: every task is a child process with its own TF_CONFIG.
 
     Each child starts in its own session (process group id == its pid), so
     ``stop`` reaches its whole process tree, grandchildren included, unless
@@ -102,183 +115,60 @@ class LocalCluster:
         *,
         restart: int = 0,
         env: Mapping[str, str] | None = None,
-        output: Output | None = None,
+        outputs: Outputs | None = None,
         task_restarts: int = 0,
         max_restarts: int = 0,
     ) -> None:
-        self.command = list(command)
-        self.task_restarts = task_restarts
-        self.max_restarts = max_restarts
-        self.tasks = list(tasks)
-        self.cluster = cluster_spec(self.tasks, addresses)
-        self.restart = restart
-        self.ps_mode = is_ps_mode(self.tasks)
+        super().__init__(command, tasks, addresses, restart=restart, outputs=outputs,
+                         task_restarts=task_restarts, max_restarts=max_restarts)
         self._env = dict(os.environ if env is None else env)
-        self._output = output or Output()
-        self._procs: list[subprocess.Popen[bytes]] = []
-        self._readers: list[threading.Thread] = []
-        self._status: dict[int, int] = {}
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._all_procs: list[subprocess.Popen[bytes]] = []
+        self._readers: dict[int, list[threading.Thread]] = {}
 
     @property
     def pids(self) -> list[int]:
         """The pids (== process-group ids) of the started tasks."""
-        return [proc.pid for proc in self._procs]
+        return [proc.pid for proc in self._all_procs]
 
-    def start(self) -> None:
-        """Starts every task; on OSError (e.g. CMD not found) stops those started and re-raises."""
-        try:
-            for task in self.tasks:
-                self._procs.append(self._spawn(task, self.restart))
-        except OSError:
-            self.stop(grace=0)
-            raise
-
-    def _spawn(self, task: Task, restart: int) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            self.command,
-            env=task_environment(self._env, self.cluster, task, restart),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        streams = ((proc.stdout, self._output.stdout), (proc.stderr, self._output.stderr))
-        for pipe, stream in streams:
-            reader = threading.Thread(
-                target=self._pump,
-                args=(pipe, f"[{task}] ", stream),
-                daemon=True,
-                name=f"hybridpar-launch-{task}",
-            )
-            reader.start()
-            self._readers.append(reader)
-        return proc
-
-    def _workers_alive(self) -> int:
-        return sum(
-            1
-            for i, task in enumerate(self.tasks)
-            if task.type == "worker" and i not in self._status
-        )
-
-    def _ps_mode_exit(self, i: int, status: int) -> Outcome | None:
+    def _spawn(self, i: int, restart: int, output: TaskOutput) -> None:
         task = self.tasks[i]
-        restarts_left = self.max_restarts - self.restart - self.task_restarts
-        action = ps_mode_exit(task, status, self._workers_alive(), restarts_left)
-        if action == "end":
-            return Outcome("failed" if status else "finished", status, task)
-        if action == "restart_task":
-            self.task_restarts += 1
-            restart = self.restart + self.task_restarts
-            self._output.info(task_restart_line(task, status, restart, self.max_restarts))
-            self._procs[i] = self._spawn(task, restart)
-            del self._status[i]
-        return None
+        try:
+            proc = subprocess.Popen(
+                self.command,
+                env=task_environment(self._env, self.cluster, task, restart),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as err:
+            raise TaskStartError(
+                f"cannot start {self.command[0]!r}: {err}. Check that {self.command[0]!r} "
+                f"is on PATH (or give its path) and is executable.",
+                126 if isinstance(err, PermissionError) else 127,
+            ) from None
+        self._procs[i] = proc
+        self._all_procs.append(proc)
+        readers = self._readers[i] = []
+        for pipe, stream in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
+            reader = threading.Thread(target=pump, args=(pipe, stream, output), daemon=True,
+                                      name=f"hybridpar-launch-{task}-{stream}")
+            reader.start()
+            readers.append(reader)
 
-    def _pump(self, pipe: IO[bytes], prefix: str, stream: IO[str]) -> None:
-        with pipe:
-            for raw in iter(pipe.readline, b""):
-                line = raw.decode("utf-8", errors="replace").rstrip("\n").removesuffix("\r")
-                self._output.write(stream, prefix + line)
+    def _drain(self, i: int) -> None:
+        for reader in self._readers.get(i, ()):
+            reader.join(timeout=2)
 
-    def poll(self) -> Outcome | None:
-        """Reaps exited tasks; returns the outcome once one ends the cluster or all finished."""
-        for i, proc in enumerate(self._procs):
-            if i in self._status:
-                continue
-            returncode = proc.poll()
-            if returncode is None:
-                continue
-            status = self._status[i] = exit_status(returncode)
-            task = self.tasks[i]
-            if self.ps_mode:
-                outcome = self._ps_mode_exit(i, status)
-                if outcome is not None:
-                    return outcome
-                continue
-            if ends_cluster(task, status, self.ps_mode):
-                return Outcome("failed" if status else "finished", status, task)
-            if len(self._status) == len(self._procs):
-                return Outcome("finished", 0, task)
-        return None
-
-    def wait(
-        self,
-        deadline: float | None = None,
-        interrupted: Callable[[], int | None] = lambda: None,
-    ) -> Outcome:
-        """Waits until a task ends the cluster, ``deadline`` (monotonic) passes or a signal."""
-        while True:
-            outcome = self.poll()
-            if outcome is not None:
-                return outcome
-            signum = interrupted()
-            if signum:
-                return Outcome("signal", 128 + signum, signum=signum)
-            if deadline is not None and time.monotonic() >= deadline:
-                return Outcome("timeout", TIMEOUT_EXIT_CODE)
-            time.sleep(_POLL_SECONDS)
+    def _returncode(self, i: int) -> int | None:
+        code = self._procs[i].poll()
+        return None if code is None else exit_status(code)
 
     def stop(self, grace: float = DEFAULT_GRACE, hurry: Callable[[], bool] = lambda: False) -> None:
-        """SIGTERM to every task's process group, SIGKILL to those alive after ``grace`` s.
-
-        Returns once no process of the groups is alive (zombies aside) and the
-        output readers have drained. ``hurry()`` returning True skips the grace.
-        """
-        pgids = self.pids
-        live = _live_groups(pgids)
-        _signal_groups(live, signal.SIGTERM)
-        end = time.monotonic() + grace
-        while live and time.monotonic() < end and not hurry():
-            time.sleep(_POLL_SECONDS)
-            for proc in self._procs:
-                proc.poll()
-            live = _live_groups(pgids)
-        if live:
-            _signal_groups(live, signal.SIGKILL)
-        for proc in self._procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
-        end = time.monotonic() + 10
-        while _live_groups(pgids) and time.monotonic() < end:
-            time.sleep(_POLL_SECONDS)
+        """Stops every task's process group; returns once the output readers drained."""
+        stop_process_groups(self.pids, self._all_procs, grace, hurry)
         end = time.monotonic() + 2  # a process that left its group may hold a pipe open
-        for reader in self._readers:
+        for reader in [r for readers in self._readers.values() for r in readers]:
             reader.join(timeout=max(0.01, end - time.monotonic()))
-
-
-class SignalWatcher:
-    """Records SIGINT/SIGTERM/SIGHUP while active (main thread only).
-
-    SIGINT and SIGTERM are always handled, even when the caller ignored them (as a
-    shell does for background jobs); an ignored SIGHUP (nohup) stays ignored.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.received: list[int] = []
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> SignalWatcher:
-        if threading.current_thread() is threading.main_thread():
-            for signum in self.SIGNALS:
-                if signum == signal.SIGHUP and signal.getsignal(signum) is signal.SIG_IGN:
-                    continue  # under nohup: keep ignoring hangups
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        self.received.append(signum)
-
-    def first(self) -> int | None:
-        return self.received[0] if self.received else None
-
-    def repeated(self) -> bool:
-        return len(self.received) > 1
-
-
+        self.close_outputs()

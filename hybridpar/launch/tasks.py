@@ -15,6 +15,7 @@ from typing import Literal
 
 from hybridpar.config import did_you_mean
 from hybridpar.exit_codes import PREEMPTED_EXIT_CODE, describe_status
+from hybridpar.logs import LOG_TAGS_ENV
 from hybridpar.topology.cluster import Task, tf_config
 
 DEFAULT_GRACE = 5.0
@@ -77,13 +78,18 @@ def task_environment(
     task: Task,
     restart: int = 0,
 ) -> dict[str, str]:
-    """A child's environment: ``base`` plus TF_CONFIG, HYBRIDPAR_TASK/RESTART, unbuffered."""
+    """A child's environment: ``base`` plus TF_CONFIG, HYBRIDPAR_TASK/RESTART, unbuffered.
+
+    ``HYBRIDPAR_LOG_TAGS=1`` makes hybridpar's log lines carry their level, so
+    the launcher's console can keep other tasks' warnings and drop their INFO.
+    """
     return {
         **base,
         "TF_CONFIG": json.dumps(make_tf_config(cluster, task.type, task.index)),
         "HYBRIDPAR_TASK": str(task),
         "HYBRIDPAR_RESTART": str(restart),
         "PYTHONUNBUFFERED": "1",
+        LOG_TAGS_ENV: "1",
     }
 
 

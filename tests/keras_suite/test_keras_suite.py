@@ -62,33 +62,39 @@ def runnable_modules() -> list[str]:
     return found
 
 
-def outcomes(tmp_path: pathlib.Path, label: str, plugin: bool) -> dict[str, str]:
-    """Each test id's outcome (passed, failed, error, skipped) in a fresh pytest process."""
-    report = tmp_path / f"{label}.xml"
+def start(tmp_path: pathlib.Path, label: str, plugin: bool) -> subprocess.Popen:
+    """Starts the Keras tests in a fresh pytest process writing ``<label>.xml``."""
     ini = tmp_path / "pytest.ini"
     ini.write_text("[pytest]\n")
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(ini),
-               "--rootdir", str(tmp_path), f"--junitxml={report}", *runnable_modules()]
+               "--rootdir", str(tmp_path), f"--junitxml={tmp_path / label}.xml",
+               *runnable_modules()]
     env = {"PATH": "/usr/bin:/bin", "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3",
            "HOME": str(tmp_path)}
     if plugin:
         command[3:3] = ["-p", "hybridpar_was_used"]
         env["PYTHONPATH"] = str(pathlib.Path(__file__).parent)
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=1500,
-                               cwd=tmp_path, env=env)
-    assert report.exists(), completed.stdout[-3000:] + completed.stderr[-3000:]
-    if plugin:
-        assert "hybridpar fixes installed for the Keras tests: " in completed.stdout
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=tmp_path, env=env)
+
+
+def outcomes(run: subprocess.Popen, report: pathlib.Path) -> tuple[dict[str, str], str]:
+    """Each test id's outcome (passed, failed, error, skipped), and what pytest printed."""
+    output, _ = run.communicate(timeout=1500)
+    assert report.exists(), output[-5000:]
     results = {}
     for case in ElementTree.parse(report).getroot().iter("testcase"):
         kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
         results[f"{case.get('classname')}::{case.get('name')}"] = kinds[0] if kinds else "passed"
-    return results
+    return results, output
 
 
 def test_keras_tests_end_the_same_after_hybridpar_was_used(tmp_path):
-    plain = outcomes(tmp_path, "plain", plugin=False)
-    after = outcomes(tmp_path, "after_hybridpar", plugin=True)
+    runs = {label: start(tmp_path, label, plugin=label != "plain")
+            for label in ("plain", "after_hybridpar")}  # side by side: mostly one core each
+    plain, _ = outcomes(runs["plain"], tmp_path / "plain.xml")
+    after, output = outcomes(runs["after_hybridpar"], tmp_path / "after_hybridpar.xml")
+    assert "hybridpar fixes installed for the Keras tests: " in output
     assert len(plain) > 300, f"only {len(plain)} Keras tests ran"
     differing = {name: (plain.get(name), after.get(name))
                  for name in sorted(set(plain) | set(after)) if plain.get(name) != after.get(name)}

@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+from launch_helpers import launch_command
 
 pytestmark = [pytest.mark.multiworker, pytest.mark.slow]
 
@@ -33,7 +34,7 @@ def script(out: pathlib.Path, ckpt: pathlib.Path, *args: str) -> list[str]:
 
 def launch(command: list[str], max_restarts: int = 0) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "hybridpar.launch", "--workers", "2", "--max-restarts",
+        [*launch_command(), "--workers", "2", "--max-restarts",
          str(max_restarts), "--grace", "2", "--timeout", "240", "--", *command],
         capture_output=True, text=True, cwd=ROOT, env=environment(), timeout=300,
     )

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import portpicker
 import pytest
+from launch_helpers import launch_command
 
 pytestmark = [pytest.mark.multiworker, pytest.mark.slow]
 
@@ -30,7 +31,7 @@ def environment(**extra: str) -> dict:
 
 def launch(workers: int, *command: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "hybridpar.launch", "--workers", str(workers),
+        [*launch_command(), "--workers", str(workers),
          "--timeout", str(timeout), "--", *command],
         capture_output=True, text=True, cwd=ROOT, env=environment(), timeout=timeout + 60,
     )
@@ -117,20 +118,30 @@ def test_auto_policy_picks_file_for_sharded_tfds(tmp_path, digits_data_dir):
 
 
 def test_multi_worker_preset_through_launch(tmp_path, digits_data_dir):
-    model_dir, checkpoints = tmp_path / "model", tmp_path / "checkpoints"
-    result = launch(2, str(BIN / "hybridpar"), "train", "--config", "configs/multi_worker.yaml",
-                    "--model_dir", str(model_dir), "--data_dir", digits_data_dir,
-                    "--set", f"checkpoint.dir={checkpoints}", "--set", "train.epochs=2",
-                    "--verbose", "2")
+    model_dir, checkpoints, logs = tmp_path / "model", tmp_path / "checkpoints", tmp_path / "logs"
+    command = [str(BIN / "hybridpar"), "train", "--config", "configs/multi_worker.yaml",
+               "--model_dir", str(model_dir), "--data_dir", digits_data_dir,
+               "--set", f"checkpoint.dir={checkpoints}", "--set", "train.epochs=2"]
+    result = subprocess.run(  # the default console, as a person runs it
+        [sys.executable, "-m", "hybridpar.launch", "--workers", "2", "--timeout", "120",
+         "--log-dir", str(logs), "--", *command],
+        capture_output=True, text=True, cwd=ROOT, env=environment(), timeout=180)
     assert result.returncode == 0, result.stderr[-4000:]
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["mode"] == "multi_worker" and summary["num_replicas"] == 2
     assert (model_dir / "model.keras").exists()
     assert sorted(p.name for p in checkpoints.iterdir()) == ["ckpt-00000024", "ckpt-00000048"]
-    private = [line for line in result.stdout.splitlines()
-               if line.startswith("[worker:1]") and "saved model" in line]
-    assert private and str(model_dir) not in private[0]
-    assert not pathlib.Path(private[0].split()[-1]).exists()  # removed at exit
+    # The console: the chief's progress bars, one line per epoch off a terminal, one summary.
+    assert result.stdout.count("hybridpar training summary") == 1
+    assert "[worker:0] hybridpar training summary" in result.stdout
+    assert "[worker:1]" not in result.stdout and "\r" not in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines()) < 400
+    epochs = [line for line in result.stdout.splitlines()
+              if line.startswith("[worker:0] 24/24 ")]
+    assert len(epochs) == 2, result.stdout
+    # worker:1 trained too (its full log says so) and printed no summary.
+    worker_1 = (logs / "worker-1.log").read_text()
+    assert "24/24 " in worker_1 and "hybridpar training summary" not in worker_1
 
 
 @pytest.mark.parametrize(
@@ -258,7 +269,7 @@ def test_hybrid_2_workers_x_2_stages_pipelined_trains_like_one_device(tmp_path, 
     script = SCRIPT.with_name("train_hybrid.py")
     command = [sys.executable, str(script), "--data_dir", digits_data_dir]
     result = subprocess.run(
-        [sys.executable, "-m", "hybridpar.launch", "--workers", "2", "--timeout", "240", "--",
+        [*launch_command(), "--workers", "2", "--timeout", "240", "--",
          *command, "--out", str(tmp_path / "cluster")],
         capture_output=True, text=True, cwd=ROOT, timeout=300,
         env=environment(HYBRIDPAR_LOGICAL_CPUS="2"),

@@ -14,6 +14,7 @@ import sys
 
 import keras
 import pytest
+from launch_helpers import launch_command
 
 import hybridpar
 
@@ -29,7 +30,7 @@ def launch(workers: int, ps: int, *command: str, max_restarts: int = 0,
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("TF_CONFIG", None)
     return subprocess.run(
-        [sys.executable, "-m", "hybridpar.launch", "--workers", str(workers), "--ps", str(ps),
+        [*launch_command(), "--workers", str(workers), "--ps", str(ps),
          "--max-restarts", str(max_restarts), "--timeout", str(timeout), "--", *command],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout + 60,
     )

@@ -51,6 +51,27 @@ def test_upstream_empty_replica_breaks_fused_conv():
     assert "input depth must be evenly divisible by filter depth" in result["outcome"]
 
 
+@pytest.mark.slow
+def test_upstream_tf_keras_under_legacy_keras_fails_unhelpfully_then_recurses():
+    result = run_upstream("legacy_keras_routing")
+    assert result["outcomes"] == [
+        "ImportError: Keras cannot be imported. Check that it is installed.",
+        "RecursionError: maximum recursion depth exceeded while calling a Python object"]
+    assert result["keras3"].startswith("keras.src.")  # `import keras` is not routed
+
+
+@pytest.mark.slow
+def test_keras_3_trains_under_legacy_keras_and_tf_keras_gets_an_explanation():
+    result = run_case(UPSTREAM.with_name("legacy_keras.py"), "")
+    assert result["trained"] and result["mode"] == "none"
+    for outcome in [result["inside"], *result["outside"]]:  # no RecursionError the second time
+        assert outcome.startswith("ImportError: tf.keras was used while TF_USE_LEGACY_KERAS=1 "
+                                  "is set (Ray Train's TensorflowTrainer sets it")
+        assert "tf_keras (Keras 2), which is not installed" in outcome
+        assert "Use Keras 3 throughout: `import keras`" in outcome
+        assert "os.environ['TF_USE_LEGACY_KERAS'] = '0'" in outcome
+
+
 def test_batches_are_split_evenly_and_a_cnn_trains(tmp_path):
     dataset = upstream_keras.conv_dataset(str(tmp_path))
     with hybridpar.scope({"data_parallel": {"mode": "mirrored"}}) as hs:

@@ -337,9 +337,24 @@ def per_microbatch_weight_gradients() -> dict:
     return {"weight_gradient_matmuls": len(products), "microbatches": 4}
 
 
+def legacy_keras_routing() -> dict:
+    """``tf.keras`` (twice) with TF_USE_LEGACY_KERAS=1, as Ray Train sets it, without tf_keras."""
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    outcomes = []
+    for _ in range(2):
+        try:
+            tf.keras.layers.Dense(1)
+            outcomes.append("ok")
+        except (ImportError, RecursionError) as err:
+            outcomes.append(f"{type(err).__name__}: {str(err)[:200]}")
+    dense = keras.layers.Dense(1)  # Keras 3 itself is not routed
+    return {"outcomes": outcomes, "keras3": type(dense).__module__}
+
+
 CASES = {
     f.__name__: f
     for f in (
+        legacy_keras_routing,
         fit_keeps_the_strategy_alive,
         collective_keys_collide,
         fit_passes,

@@ -8,94 +8,28 @@ its pids, so the tests can check by pid that nothing survives the launcher.
 import io
 import json
 import os
-import pathlib
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
+from launch_helpers import (
+    LAUNCH,
+    _command,
+    _env,
+    all_pids,
+    assert_no_survivors,
+    records_of,
+    run_launch,
+    wait_for_records,
+)
 
 from hybridpar import exit_codes
 from hybridpar.launch import args, local, ports, processes, tasks
 from hybridpar.launch.tasks import Outcome, UsageError
 from hybridpar.topology import cluster
 from hybridpar.topology.cluster import Task, parse_tf_config
-
-TASK_SCRIPT = pathlib.Path(__file__).parent / "launch_scripts" / "task.py"
-LAUNCH = [sys.executable, "-m", "hybridpar.launch"]
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    for name in ("TF_CONFIG", "HYBRIDPAR_TASK", "HYBRIDPAR_RESTART"):
-        env.pop(name, None)
-    return env
-
-
-def _command(plan: dict, records: pathlib.Path) -> list[str]:
-    return [sys.executable, str(TASK_SCRIPT), json.dumps(plan), str(records)]
-
-
-def run_launch(flags: list[str], plan: dict, records: pathlib.Path, timeout: float = 40):
-    """Runs the launcher to completion; returns (CompletedProcess, elapsed seconds)."""
-    start = time.monotonic()
-    result = subprocess.run([*LAUNCH, *flags, "--", *_command(plan, records)],
-                            capture_output=True, text=True, env=_env(), timeout=timeout)
-    return result, time.monotonic() - start
-
-
-def records_of(records: pathlib.Path) -> dict[str, dict]:
-    """``worker:1@0`` -> the record that task wrote."""
-    return {p.stem: json.loads(p.read_text()) for p in records.glob("*.json")}
-
-
-def wait_for_records(records: pathlib.Path, names: list[str], timeout: float = 20) -> None:
-    end = time.monotonic() + timeout
-    while not all((records / f"{name}.json").exists() for name in names):
-        assert time.monotonic() < end, f"not started: {names}; have {list(records_of(records))}"
-        time.sleep(0.02)
-
-
-def is_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie waiting for init to reap it counts as dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
-
-
-def all_pids(records: pathlib.Path) -> list[int]:
-    return [pid for record in records_of(records).values() for pid in record["pids"]]
-
-
-def assert_no_survivors(records: pathlib.Path) -> None:
-    pids = all_pids(records)
-    assert pids, "no task recorded its pid"
-    survivors = [pid for pid in pids if is_alive(pid)]
-    for pid in survivors:  # clean up before failing
-        os.kill(pid, signal.SIGKILL)
-    assert not survivors, f"processes survived the launcher: {survivors}"
-
-
-@pytest.fixture
-def records(tmp_path: pathlib.Path) -> pathlib.Path:
-    directory = tmp_path / "records"
-    directory.mkdir()
-    yield directory
-    for pid in all_pids(directory):  # never leave a sleeper behind, whatever happened
-        if is_alive(pid):
-            os.kill(pid, signal.SIGKILL)
-
 
 # --------------------------------------------------------------------------- pure logic
 
@@ -213,6 +147,16 @@ def test_pick_ports_are_distinct_and_avoid_excluded():
     (["--workers", "1", "--timout", "3", "--", "true"], r'Did you mean "--timeout"\?'),
     (["--workers", "two", "--", "true"], r"invalid int value: 'two'"),
     (["--", "true"], r"the following arguments are required: --workers"),
+    (["--engine", "rya", "--workers", "1", "--", "true"],
+     r"unknown --engine 'rya'\. Did you mean \"ray\"\? Choose one of: local, ray\. "
+     r"Received: --engine rya\."),
+    (["--console", "everything", "--workers", "1", "--", "true"],
+     r"unknown --console 'everything'\..*Choose one of: chief, all"),
+    (["--address", "10.0.0.1:6379", "--workers", "1", "--", "true"],
+     r"--address is for the Ray engine\. Received: --address 10\.0\.0\.1:6379 with --engine "
+     r"local\. Add --engine ray, or drop --address\."),
+    (["--engine", "ray", "--cpus-per-task", "-1", "--workers", "1", "--", "true"],
+     r"--cpus-per-task must be 0 or more\. Received: --cpus-per-task -1\."),
 ])
 def test_launch_bad_input_exits_2_with_a_clear_message(argv, match, capsys):
     assert args.main(argv) == 2
@@ -220,6 +164,19 @@ def test_launch_bad_input_exits_2_with_a_clear_message(argv, match, capsys):
     assert err.startswith("hybridpar launch: error: ")
     assert re.search(match, err), err
     assert "Run `hybridpar launch --help` for usage." in err
+
+
+def test_engine_ray_without_ray_installed_names_the_extra(tmp_path):
+    stub = tmp_path / "no_ray" / "ray"  # shadows the installed ray, as if it were missing
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('No module named ray')\n")
+    env = {**_env(), "PYTHONPATH": str(stub.parent)}
+    result = subprocess.run([*LAUNCH, "--engine", "ray", "--workers", "1", "--log-dir",
+                             str(tmp_path / "logs"), "--", "true"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 2
+    assert ('hybridpar launch: error: --engine ray needs Ray, which is not installed. Install it '
+            'with pip install -e ".[ray]"') in result.stderr
 
 
 def test_launch_help_exits_0(capsys):
@@ -314,7 +271,7 @@ def test_each_task_gets_its_own_tf_config_on_distinct_free_ports(records):
 
 def test_output_is_prefixed_by_task_and_keeps_stdout_and_stderr_apart(records):
     plan = {"*": {"stdout": "to-out", "stderr": "to-err"}, "worker:1": {"tail": "no newline"}}
-    result, _ = run_launch(["--workers", "2"], plan, records)
+    result, _ = run_launch(["--workers", "2", "--console", "all"], plan, records)
     assert result.returncode == 0, result.stderr
     out, err = result.stdout.splitlines(), result.stderr.splitlines()
     for task in ("worker:0", "worker:1"):
@@ -504,8 +461,50 @@ def test_command_that_cannot_start_exits_127(tmp_path):
 def test_launch_in_process_writes_to_the_given_streams(records):
     out, err = io.StringIO(), io.StringIO()
     code = local.launch(_command({"*": {"stdout": "hello"}}, records), 2,
-                         env=_env(), stdout=out, stderr=err)
+                         env=_env(), stdout=out, stderr=err, console="all")
     assert code == 0, err.getvalue()
     assert "[worker:0] hello" in out.getvalue().splitlines()
     assert "[worker:1] hello" in out.getvalue().splitlines()
     assert err.getvalue().startswith("hybridpar launch: starting 2 task(s)")
+
+
+# --------------------------------------------------------------------------- Ray engine, pure
+
+
+def test_ray_resource_checks_name_both_numbers():
+    from hybridpar.launch import ray_engine
+
+    nodes = [{"CPU": 4.0, "GPU": 1.0}, {"CPU": 2.0}]
+    ray_engine.check_resources(nodes, 6, 1, 0)  # fits
+    with pytest.raises(UsageError, match=r"--cpus-per-task 8 asks for more CPUs per task than "
+                                         r"any node of the Ray cluster has: the largest node has "
+                                         r"4 CPU\(s\) \(2 node\(s\), 6 in all\)"):
+        ray_engine.check_resources(nodes, 1, 8, 0)
+    with pytest.raises(UsageError, match=r"3 task\(s\) x --gpus-per-task 1 = 3 GPUs, but the "
+                                         r"Ray cluster has 1 GPU\(s\) in all"):
+        ray_engine.check_resources(nodes, 3, 1, 1)
+
+
+def test_ray_engine_forwards_hybridpar_and_tf_variables_but_not_tf_config():
+    from hybridpar.launch import ray_engine
+
+    environ = {"HYBRIDPAR_LOGICAL_CPUS": "2", "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": "{}",
+               "PATH": "/bin", "HOME": "/root"}
+    assert ray_engine.forwarded_environment(environ) == {
+        "HYBRIDPAR_LOGICAL_CPUS": "2", "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+@pytest.mark.parametrize("address", ["head", "head:port", ":6379"])
+def test_ray_address_must_be_host_port(address):
+    from hybridpar.launch import ray_engine
+
+    with pytest.raises(UsageError, match=r"--address expects the host:port of a Ray cluster's "
+                                         rf"head .* Received: --address {address}\."):
+        ray_engine.probe_address(address)
+
+
+def test_launch_options_give_the_task_layout_to_every_engine():
+    options = args.parse_launch_args(["--engine", "ray", "--workers", "2", "--ps", "1",
+                                      "--cpus-per-task", "2", "--", "python", "t.py"])
+    assert (options.engine, options.cpus_per_task, options.console) == ("ray", 2.0, "chief")
+    assert [str(t) for t in options.tasks] == ["chief:0", "worker:0", "worker:1", "ps:0"]

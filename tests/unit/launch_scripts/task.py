@@ -9,10 +9,14 @@ does (later keys override earlier ones: ``*``, then the task, then task@restart)
     wait_for: task names whose records must exist before going on (at most 20 s), of
         this run (``worker:0``) or of a given restart (``worker:0@1``)
     stdout / stderr: a line to print there; tail: text printed without a newline
+    lines: [[stream, text], ...] printed in order (``\x1f`` in text as is)
+    progress: N, a Keras-style progress bar of N updates on stdout (``\b...\r`` before each
+        update, ``\n`` after the last)
     sleep: seconds to sleep;  kill: SIGKILL itself;  exit: the exit code (default 0)
 
 Before acting, the task writes ``RECORD_DIR/<task>@<restart>.json`` with its pids,
-environment and TF_CONFIG, and prints the same record on stdout.
+environment (HYBRIDPAR_TEST_MARK, PYTHONUNBUFFERED), working directory and TF_CONFIG,
+and prints the same record on stdout.
 """
 
 import json
@@ -44,6 +48,8 @@ record = {
     "pids": pids,
     "tf_config": tf_config,
     "unbuffered": os.environ.get("PYTHONUNBUFFERED"),
+    "mark": os.environ.get("HYBRIDPAR_TEST_MARK"),
+    "cwd": os.getcwd(),
 }
 tmp = os.path.join(record_dir, f".{task}@{restart}.tmp")
 with open(tmp, "w") as f:
@@ -61,6 +67,16 @@ if "stdout" in spec:
     print(spec["stdout"])
 if "stderr" in spec:
     print(spec["stderr"], file=sys.stderr)
+for stream, text in spec.get("lines", []):
+    print(text, file=sys.stdout if stream == "stdout" else sys.stderr, flush=True)
+if spec.get("progress"):
+    steps, width = spec["progress"], 0
+    for step in range(1, steps + 1):
+        bar = f"\x1b[1m{step}/{steps}\x1b[0m " + "━" * step + f" - loss: {1 / step:.4f}"
+        sys.stdout.write("\b" * width + "\r" + bar + ("\n" if step == steps else ""))
+        sys.stdout.flush()
+        width = len(bar)
+        time.sleep(0.01)
 if "tail" in spec:
     sys.stdout.write(spec["tail"])
     sys.stdout.flush()
