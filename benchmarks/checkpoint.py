@@ -8,6 +8,14 @@ restored with ``hybridpar.checkpoint.restore`` (verify the checksum, read, assig
 checksum or fsync). MB are the bytes of the files written (10^6 bytes), per second of
 median wall time.
 
+Part 1b (one device, in ``model.fit``): ``PeriodicCheckpoint`` saves every
+``--every_steps`` steps; each save blocks the step loop only while it copies
+the values to host memory, and the files are written in a background thread.
+At each save step, once that write has finished, the same model is saved
+with Keras's ``save_weights`` in the same step. ``blocking_ratio`` is the
+median time a save blocked the loop over the median ``save_weights`` time
+(target <= 0.3).
+
 Part 2 (real processes): ``hybridpar launch --workers 2 --max-restarts 1`` runs this
 script as the training job (``--child``); worker:1 sends itself SIGKILL (then, in a
 second cluster, SIGTERM) after step ``--die_at``. Each child prints JSON event lines
@@ -16,7 +24,8 @@ optimizer step trained after the restart, split into stages (see ``recovery_time
 
     python benchmarks/checkpoint.py [--units 1024] [--repeats 5]
 
-The last line is ``kill_to_first_resumed_step_s=<seconds>``.
+The last lines are ``blocking_ratio=<x>`` and ``kill_to_first_resumed_step_s=<seconds>``
+(the latter not with ``--skip_recovery``).
 """
 
 from __future__ import annotations
@@ -170,6 +179,52 @@ def throughput(args: argparse.Namespace) -> dict[str, float]:
     }
 
 
+def blocking(args: argparse.Namespace) -> dict[str, float]:
+    """Median seconds a ``PeriodicCheckpoint`` save blocked ``fit``, and Keras's save_weights."""
+    import keras
+    import numpy as np
+
+    import hybridpar
+
+    root = Path(tempfile.mkdtemp(prefix="hybridpar-ckpt-blocking-"))
+    blocked: list[float] = []
+    keras_saves: list[float] = []
+    config = {"data_parallel": {"mode": "none"},
+              "checkpoint": {"dir": str(root / "ckpt"), "every_steps": args.every_steps,
+                             "every_epochs": None, "keep": 2}}
+    try:
+        with hybridpar.scope(config) as hs:
+            model = build_model(args.units, args.features)
+            checkpoint = hs.callbacks()[0]
+        save = checkpoint.save
+
+        def timed_save(*save_args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            path = save(*save_args, **kwargs)
+            blocked.append(time.perf_counter() - started)
+            return path
+
+        checkpoint.save = timed_save
+
+        class KerasSaves(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+                if len(blocked) > len(keras_saves):  # this step saved
+                    checkpoint.writer.wait()  # the background write is done (not timed)
+                    keras_saves.append(timed(model.save_weights, root / "k.weights.h5"))
+
+        steps = args.every_steps * (args.repeats + 1)
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(64 * steps, args.features)).astype("float32")
+        y = rng.normal(size=(64 * steps, 10)).astype("float32")
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0, shuffle=False,
+                  callbacks=[checkpoint, KerasSaves()])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {"blocked_s": statistics.median(blocked[1:] or blocked),
+            "keras_save_s": statistics.median(keras_saves[1:] or keras_saves),
+            "saves": len(blocked)}
+
+
 # --------------------------------------------------------------------------- part 2
 
 
@@ -261,6 +316,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"save_ratio={result['save_mb_per_s'] / result['keras_save_mb_per_s']:.2f} "
           f"restore_ratio={result['restore_mb_per_s'] / result['keras_restore_mb_per_s']:.2f} "
           "(hybridpar MB/s over Keras MB/s)")
+    block = blocking(args)
+    print(f"PeriodicCheckpoint in fit (every {args.every_steps} steps, {block['saves']} saves, "
+          f"the first one left out): the loop blocked {block['blocked_s'] * 1e3:.1f} ms per "
+          f"save (capture to host memory; write, SHA-256, fsync and rename in the background); "
+          f"keras save_weights of the same model {block['keras_save_s'] * 1e3:.1f} ms (medians)")
+    print(f"blocking_ratio={block['blocked_s'] / block['keras_save_s']:.3f}", flush=True)
     if args.skip_recovery:
         return
     times = {}

@@ -251,10 +251,12 @@ class TimedSection:
 
 
 def _traced_function(train_function: Any) -> Any:
-    """The ``tf.function`` behind Keras's ``model.train_function`` wrapper."""
+    """The ``tf.function`` behind ``model.train_function`` (hybridpar's
+    ``compat.optional_outputs`` or Keras's own)."""
     import inspect
 
-    return inspect.getclosurevars(train_function).nonlocals["multi_step_on_iterator"]
+    nonlocals = inspect.getclosurevars(train_function).nonlocals
+    return nonlocals.get("traced") or nonlocals["multi_step_on_iterator"]
 
 
 def _collectives_of(function: Any) -> dict[str, int]:
@@ -584,7 +586,7 @@ def steps_part(args: argparse.Namespace) -> float:
     per_pair = statistics.median(p["hybridpar"] / p["raw"] for p in medians)
     print(
         f"median step over pairs: hybridpar={hybrid * 1e3:.3f} ms raw={raw * 1e3:.3f} ms "
-        f"(median of the per-pair ratios {per_pair:.3f}; target ratio <= 1.05, not asserted)"
+        f"(median of the per-pair ratios {per_pair:.3f}; target ratio <= 1.02, not asserted)"
     )
     return ratio
 

@@ -8,7 +8,15 @@ A/B pairs whose order alternates, to cancel drift. Each child times every step
 after a warm-up epoch and prints one JSON line; the parent prints the medians
 and, as its last line, ``ratio=<hybridpar/raw>``.
 
-    python benchmarks/overhead.py [--pairs 5]
+With ``--steps_per_execution N`` (N > 1) hybridpar's ``model.fit`` runs N
+steps per traced call (``model.compile(steps_per_execution=N)``). Keras's
+own N-step loop fails under a hand-built MirroredStrategy
+(keras-team/keras#19246), so the raw variant is then the standard
+``tf.distribute`` custom loop of the same model, optimizer and data, N
+steps of ``strategy.run`` per ``tf.function`` call. Either way the figure
+is the time per step (an execution's time divided by the steps it ran).
+
+    python benchmarks/overhead.py [--pairs 5] [--steps_per_execution 8]
 """
 
 from __future__ import annotations
@@ -51,9 +59,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="batch() without drop_remainder: dynamic batch shapes and a final partial batch, "
         "so hybridpar's even split and replica-share weighting run on every step.",
     )
+    parser.add_argument(
+        "--steps_per_execution",
+        type=int,
+        default=1,
+        help="Training steps per traced call (model.compile(steps_per_execution=N)).",
+    )
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("pairs", "epochs", "examples", "features", "units", "batch"):
+    for name in ("pairs", "epochs", "examples", "features", "units", "batch",
+                 "steps_per_execution"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1. Received: {getattr(args, name)}.")
     if args.intra_op_threads < 0:
@@ -92,25 +107,28 @@ def run_child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         context = tf.distribute.MirroredStrategy(list(DEVICES)).scope()
 
     step_times: list[float] = []
+    spe = args.steps_per_execution
 
     class StepTimer(keras.callbacks.Callback):
-        """Records each step's duration, skipping the warm-up (first) epoch."""
+        """Records each execution's duration per step, skipping the warm-up (first) epoch."""
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self._timed = epoch > 0
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-            self._start = time.perf_counter()
+            self._start, self._first = time.perf_counter(), batch
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             if self._timed:
-                step_times.append(time.perf_counter() - self._start)
+                steps = min(batch + 1, batches) - self._first
+                step_times.append((time.perf_counter() - self._start) / steps)
 
     with context:
         strategy = tf.distribute.get_strategy()
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(
             args.batch, drop_remainder=not args.keep_remainder
         )
+        batches = int(dataset.cardinality())
         model = keras.Sequential(
             [
                 keras.Input((args.features,)),
@@ -119,13 +137,16 @@ def run_child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
                 keras.layers.Dense(10),
             ]
         )
-        model.compile(
-            optimizer="adam",
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        if variant == "hybridpar" or spe == 1:
+            model.compile(optimizer="adam", loss=loss, steps_per_execution=spe)
+    if variant == "hybridpar" or spe == 1:
+        history = model.fit(
+            dataset, epochs=1 + args.epochs, verbose=0, shuffle=False, callbacks=[StepTimer()]
         )
-    history = model.fit(
-        dataset, epochs=1 + args.epochs, verbose=0, shuffle=False, callbacks=[StepTimer()]
-    )
+        final_loss = float(history.history["loss"][-1])
+    else:
+        final_loss = _custom_loop(model, strategy, dataset, args, step_times)
 
     extended = strategy.extended
     cross_ops = getattr(extended, "_cross_device_ops", None) or getattr(
@@ -136,7 +157,7 @@ def run_child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         "median_step_s": statistics.median(step_times),
         "mean_step_s": statistics.mean(step_times),
         "steps": len(step_times),
-        "final_loss": float(history.history["loss"][-1]),
+        "final_loss": final_loss,
         "strategy": type(strategy).__name__,
         "cross_device_ops": type(cross_ops).__name__,
         "replicas": strategy.num_replicas_in_sync,
@@ -147,13 +168,57 @@ def run_child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _custom_loop(model: Any, strategy: Any, dataset: Any, args: argparse.Namespace,
+                 step_times: list[float]) -> float:
+    """The standard tf.distribute loop, ``steps_per_execution`` steps per traced call.
+
+    Returns the mean loss over the last epoch's steps (what Keras logs).
+    """
+    import keras
+    import tensorflow as tf
+
+    spe = args.steps_per_execution
+    with strategy.scope():
+        optimizer = keras.optimizers.Adam()
+        optimizer.build(model.trainable_variables)
+    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+    def step_fn(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = tf.nn.compute_average_loss(per_example(y, model(x, training=True)))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        return loss
+
+    @tf.function
+    def execution(iterator: Any, steps: Any) -> Any:
+        total = tf.constant(0.0)
+        for _ in tf.range(steps):
+            per_replica = strategy.run(step_fn, args=next(iterator))
+            total += strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        return total
+
+    batches = int(dataset.cardinality())
+    distributed = strategy.experimental_distribute_dataset(dataset)
+    for epoch in range(1 + args.epochs):
+        iterator, total = iter(distributed), 0.0
+        for first in range(0, batches, spe):
+            steps = min(spe, batches - first)
+            start = time.perf_counter()
+            total += float(execution(iterator, tf.constant(steps)))
+            if epoch > 0:
+                step_times.append((time.perf_counter() - start) / steps)
+    return total / batches
+
+
 def spawn(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     """Runs one child process and returns its record.
 
     Raises:
         RuntimeError: with the child's stderr tail if it fails.
     """
-    sizes = ("epochs", "examples", "features", "units", "batch", "intra_op_threads")
+    sizes = ("epochs", "examples", "features", "units", "batch", "intra_op_threads",
+             "steps_per_execution")
     cmd = [sys.executable, os.path.abspath(__file__), f"--child={variant}"]
     cmd += [f"--{name}={getattr(args, name)}" for name in sizes]
     cmd += ["--keep_remainder"] if args.keep_remainder else []
@@ -187,8 +252,11 @@ def run_parent(args: argparse.Namespace) -> None:
             flush=True,
         )
     info = first["raw"]
+    raw = ("model.fit" if args.steps_per_execution == 1 else
+           f"a tf.function loop of {args.steps_per_execution} strategy.run steps per call")
     print(
-        "compared: model.fit under hybridpar.scope(data_parallel.mode=mirrored) vs a hand-built "
+        f"compared: model.fit (steps_per_execution={args.steps_per_execution}) under "
+        f"hybridpar.scope(data_parallel.mode=mirrored) vs {raw} under a hand-built "
         f"tf.distribute.MirroredStrategy; TensorFlow {info['tensorflow']}, Keras {info['keras']}"
     )
     for variant in VARIANTS:
@@ -203,7 +271,8 @@ def run_parent(args: argparse.Namespace) -> None:
         f"adam; data {args.examples}x{args.features} in memory; global batch {args.batch} "
         f"({'dynamic, final partial batch kept' if args.keep_remainder else 'drop_remainder'}); "
         f"intra-op threads {threads}; 1 warm-up + {args.epochs} timed epochs "
-        f"({info['steps']} steps/child); {args.pairs} pairs, {2 * args.pairs} processes, "
+        f"({info['steps']} timed executions/child); {args.pairs} pairs, "
+        f"{2 * args.pairs} processes, "
         f"{time.perf_counter() - start:.0f} s"
     )
     mean_ratio = summarize(means)[2]

@@ -9,7 +9,16 @@ drift. For each M the script prints the measured speedup over M = 1, the GPipe
 bound ``M*K/(M+K-1)`` and their ratio; its last line is
 ``efficiency=<measured / bound at M=4>``.
 
-    python benchmarks/pipeline.py [--rounds 5] [--units 1024] [--batch 512]
+The profile part (skip it with ``--no-profile``) records two steps of each M
+with TensorFlow's profiler and sums the time of the MatMul ops by phase:
+forward, and backward (activation and weight gradients). The work of a step
+is the same for every M, so backward MatMul time that grows with M is
+efficiency lost to smaller products (per-microbatch weight gradients were
+that loss; ``hybridpar.parallel.weight_gradients`` computes them once per
+batch). Op times are CPU time, so they hold up better than step times on a
+busy machine, but they are not immune to it.
+
+    python benchmarks/pipeline.py [--rounds 5] [--units 1024] [--batch 512] [--no-profile]
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--units", type=int, default=1024, help="Width of every Dense layer.")
     parser.add_argument("--layers", type=int, default=3, help="Dense layers per stage.")
     parser.add_argument("--batch", type=int, default=512, help="Batch size.")
+    parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
+                        help="Also profile MatMul time per phase for each M.")
     args = parser.parse_args(argv)
     for name in ("rounds", "steps", "units", "layers", "batch"):
         if getattr(args, name) < 1:
@@ -52,6 +63,37 @@ def speedups(step_seconds: Mapping[int, float]) -> dict[int, tuple[float, float,
         bound = gpipe_speedup_bound(microbatches, STAGES)
         result[microbatches] = (measured, bound, measured / bound)
     return result
+
+
+def matmul_phases(ops: Sequence[tuple[str, str, int, int]], steps: int) -> dict[str, float]:
+    """Seconds per step of the MatMul ops of each phase, from profiled (name, type, start, end).
+
+    Backward ops are those TensorFlow's tape builds (``gradient_tape/...``)
+    and hybridpar's once-per-batch weight gradients (``.../weight_gradients/...``).
+    """
+    phases = {"forward": 0.0, "backward": 0.0}
+    for name, op_type, start, end in ops:
+        if "MatMul" not in op_type:  # MatMul, and oneDNN's _MklMatMul, _MklNativeFusedMatMul
+            continue
+        backward = "gradient_tape" in name or "weight_gradients" in name
+        phases["backward" if backward else "forward"] += (end - start) / 1e9 / steps
+    return phases
+
+
+def profile_matmuls(model: Any, data: Any, steps: int = 2) -> dict[str, float]:
+    """MatMul seconds per step by phase over ``steps`` profiled steps of ``model.fit``."""
+    import tempfile
+
+    import tensorflow as tf
+
+    from hybridpar.parallel.timeline import profiled_ops
+
+    model.fit(data.take(1), epochs=1, verbose=0)  # the traced function is warm
+    with tempfile.TemporaryDirectory(prefix="pipeline-profile-") as trace_dir:
+        tf.profiler.experimental.start(trace_dir)
+        model.fit(data.take(steps), epochs=1, verbose=0)
+        tf.profiler.experimental.stop()
+        return matmul_phases(profiled_ops(trace_dir), steps)
 
 
 def build(microbatches: int, args: argparse.Namespace) -> Any:
@@ -121,6 +163,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"M={microbatches}: step {step_seconds[microbatches] * 1e3:.2f} ms, "
               f"speedup {measured:.3f}, GPipe bound {bound:.3f} (idle share "
               f"{bubble_fraction(microbatches, STAGES):.2f}), measured/bound {ratio:.3f}")
+    if args.profile:
+        phases = {m: profile_matmuls(models[m], data) for m in MICROBATCHES}
+        for microbatches, phase in phases.items():
+            print(f"M={microbatches}: MatMul time per step (profiled): forward "
+                  f"{phase['forward'] * 1e3:.1f} ms, backward {phase['backward'] * 1e3:.1f} ms "
+                  f"({phase['backward'] / phases[1]['backward']:.3f} x M=1's)")
     print(f"efficiency={speedups(step_seconds)[4][2]:.3f}", flush=True)
 
 

@@ -17,6 +17,7 @@ from hybridpar.config import StrategyConfig
 from hybridpar.errors import (
     CheckpointDamagedError,
     CheckpointMismatchError,
+    CheckpointWriteError,
     ConfigError,
     ParameterServerUnavailableError,
     RuntimeMismatchError,
@@ -48,6 +49,7 @@ _LAZY_MODULES = {
 __all__ = [
     "CheckpointDamagedError",
     "CheckpointMismatchError",
+    "CheckpointWriteError",
     "ConfigError",
     "HybridStrategy",
     "ParameterServerUnavailableError",

@@ -17,6 +17,14 @@ class CheckpointDamagedError(RuntimeError):
     """A checkpoint on disk is incomplete, truncated or does not match its checksum."""
 
 
+class CheckpointWriteError(OSError):
+    """Writing a checkpoint failed (a full disk, an I/O error); earlier checkpoints are intact.
+
+    An ``OSError``, as the failed write itself was when checkpoints were
+    written in the training thread.
+    """
+
+
 class CheckpointMismatchError(ConfigError):
     """A checkpoint was written by a different model or optimizer than it is restored into."""
 

@@ -10,6 +10,7 @@ import keras
 import tensorflow as tf
 
 from hybridpar.checkpoint import files, model_state, preemption
+from hybridpar.checkpoint.writer import BackgroundWriter
 from hybridpar.config import CheckpointConfig
 from hybridpar.errors import ConfigError
 from hybridpar.state import StrategyState, state_of
@@ -31,7 +32,12 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
       within it and the data position every ``every_steps`` optimizer steps
       and/or ``every_epochs`` epochs, keeping the newest ``keep``
       (``hybridpar.checkpoint.files`` describes the format). Every worker takes
-      part in a save; only the chief writes files.
+      part in a save; only the chief writes files. A save blocks training
+      only while the values are copied to host memory; the files are written
+      in the background, one save at a time (``checkpoint.writer``), and the
+      next save, the end of ``fit``, a preemption exit and process exit wait
+      for the write in flight. A write that fails is logged and raised as
+      ``CheckpointWriteError`` at the next save or the end of ``fit``.
     - With ``resume`` (``checkpoint.backup_and_restore``), ``fit`` first
       restores the newest undamaged checkpoint in ``dir`` and continues at
       its optimizer step: it starts at the saved epoch and skips the batches
@@ -119,6 +125,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self.restored: files.Found | None = None
         self._own_watcher: Any = None
         self.saved: list[Path] = []
+        self.writer = BackgroundWriter()
         self._reset_position()
 
     def _reset_position(self) -> None:
@@ -156,7 +163,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         if self.preemption:
             self._watcher = self._preemption_watcher()
             if self._watcher is not None:
-                self._watcher.activate(lambda: self.save(reason="preemption"))
+                self._watcher.activate(lambda: self.save(reason="preemption", wait=True))
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch, self._batch = epoch, 0
@@ -194,6 +201,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         if self._epoch_save_pending:
             self._epoch_save_pending = False
             self.save()
+        self.writer.wait()
         if self.records_end:
             self._record_end()
         if self._original_train_function is not None:
@@ -207,8 +215,9 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             self._watcher = None
 
     def _record_end(self) -> None:
-        """Checkpoints the final step (every worker takes part) and records the end."""
-        self.save(reason="final")
+        """Checkpoints the final step (every worker takes part) and, once it is on disk,
+        records the end."""
+        self.save(reason="final", wait=True)
         if self.writes:
             files.write_end(self.directory, step=self._step(), epoch=self._epoch,
                             epochs=int(self.params.get("epochs") or self._epoch))
@@ -327,11 +336,20 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             "global_batch_size": state.global_batch_size,
         }
 
-    def save(self, reason: str = "periodic") -> Path | None:
+    def save(self, reason: str = "periodic", wait: bool = False) -> Path | None:
         """Saves a checkpoint of the current step (on every worker; the chief writes).
+
+        Args:
+            reason: recorded in the manifest.
+            wait: return only once the files are written (else they are
+                written in the background; ``writer.wait()`` waits).
 
         Returns:
             The checkpoint directory on the chief, ``None`` on other workers.
+
+        Raises:
+            CheckpointWriteError: if this write (with ``wait``) or the
+                previous background write failed.
         """
         step = self._step()
         if step == self._last_saved:
@@ -351,14 +369,17 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             "config": self.state.config.to_dict() if self.state is not None else None,
             "topology": self._topology(),
         }
-        path = model_state.save_position(self.model, self.directory, data, extra=extra,
-                                        write_files=self.writes)
+        arrays, manifest = model_state.snapshot(self.model, data, extra=extra)
         self._last_saved = step
-        if path is not None:
-            self.saved.append(path)
-            files.prune(self.directory, self.keep)
+        if not self.writes:
+            return None
+        path = self.writer.submit(self.directory, arrays, manifest, self.keep)
+        self.saved.append(path)
+        if wait:
+            self.writer.wait()
         return path
 
     def checkpoints(self) -> list[Path]:
-        """Complete checkpoints in this directory, oldest first."""
+        """Complete checkpoints in this directory, oldest first (after the write in flight)."""
+        self.writer.wait()
         return files.list_checkpoints(self.directory)

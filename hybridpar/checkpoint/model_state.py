@@ -173,14 +173,25 @@ def save_position(model: Any, directory: str | os.PathLike, data: dict[str, Any]
     """``save`` with the full data position: ``epoch``, ``batch``,
     ``iterator_position`` (batches drawn from the live iterator) and
     ``iterator_persists`` (whether that iterator spans epochs)."""
+    arrays, manifest = snapshot(model, data, extra=extra)
+    if not write_files:
+        return None
+    return write(directory, arrays, manifest)
+
+
+def snapshot(model: Any, data: dict[str, Any], *,
+             extra: dict[str, Any] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The values of a checkpoint in host memory and its manifest (``files.write`` them).
+
+    Every worker of a multi-worker strategy must call this at the same step
+    (see ``capture``).
+    """
     arrays, specs = capture(model)
     optimizer = getattr(model, "optimizer", None)
     step = int(optimizer.iterations.numpy()) if optimizer is not None else 0
-    if not write_files:
-        return None
     manifest = {**(extra or {}), "step": step, "data": data, "variables": specs,
                 "created": time.time()}
-    return write(directory, arrays, manifest)
+    return arrays, manifest
 
 
 def restore(model: Any, source: str | os.PathLike, *, optimizer: bool = True) -> Found:

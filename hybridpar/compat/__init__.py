@@ -7,13 +7,15 @@ one exists) and registers a ``patching.Fix``. Two kinds:
   ``even_batches``, ``collective_restart``, ``staged_variables``, the
   per-replica hook of ``replica_share``, the leak-free all-reduce of
   ``replica_all_reduce``, the parameter-server chief's own steps
-  ``ps_chief`` and its cluster without the evaluator ``ps_evaluator_job``):
-  they act only on strategies hybridpar built, by construction;
+  ``ps_chief`` and its cluster without the evaluator ``ps_evaluator_job``,
+  the training loops ``step_loop`` and ``xla_replicas`` that
+  ``optional_outputs`` builds for owned models): they act only on strategies
+  hybridpar built, by construction;
 - patches of Keras/TensorFlow attributes (``symbolic_build``,
   ``replica_share``, ``gradient_all_reduce``, ``metric_reduction``,
   ``unbatched_input``, ``chief_files``, ``microbatch_step``, ``legacy_keras``,
-  ``gradient_compression``, the stage hooks
-  ``stage_marks``/``stage_calls``/``stage_gradients``, and the
+  ``gradient_compression``, ``optional_outputs``, the stage hooks
+  ``stage_marks``/``stage_calls``/``stage_gradients``/``weight_gradient_split``, and the
   parameter-server fixes ``shard_views``, ``sharded_embedding``,
   ``sharded_numpy``, ``atomic_updates``, and ``runner_routing``, which sends
   ``fit``/``evaluate``/``predict`` to the parameter-server chief's or the
@@ -41,6 +43,7 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     legacy_keras,
     metric_reduction,
     microbatch_step,
+    optional_outputs,
     ps_chief,
     ps_evaluator_job,
     replica_all_reduce,
@@ -53,8 +56,11 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     stage_gradients,
     stage_marks,
     staged_variables,
+    step_loop,
     symbolic_build,
     unbatched_input,
+    weight_gradient_split,
+    xla_replicas,
 )
 from hybridpar.compat.patching import Fix, hold, holding, installed, known, uninstall
 from hybridpar.compat.versions import VERIFIED_KERAS, VERIFIED_TF, check_versions

@@ -13,6 +13,10 @@ and applied once, so a step is numerically the unsplit step.
 * With one stage the microbatches run one after another (each waits for the
   previous one's gradients): gradient accumulation, a large batch in the
   memory of a small one.
+* With stages > 1, each Dense-style weight gradient is computed once per
+  batch from the concatenated microbatch activations and output gradients
+  (``weight_gradients``); the activation gradients still flow per
+  microbatch, so the stages still overlap.
 
 Layers whose output depends on the whole batch see one microbatch at a
 time: BatchNormalization normalises each microbatch with its own statistics
@@ -28,6 +32,8 @@ import keras
 import tensorflow as tf
 from keras.src.losses import loss as keras_loss
 from keras.src.trainers.data_adapters import data_adapter_utils
+
+from hybridpar.parallel.weight_gradients import DeferredWeightGradients
 
 
 def microbatch_scope_name(index: int) -> str:
@@ -99,14 +105,16 @@ def train_step(model: keras.Model, data: Any, microbatches: int, sequential: boo
     x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
     total = tf.cast(tf.shape(_first_tensor(x))[0], tf.float32)
     weights = model.trainable_weights
+    deferred = None if sequential else DeferredWeightGradients()
     accumulated: list[Any] = [None] * len(weights)
     predictions = []
+    tapes = []
     previous: list[Any] = []
     for index, (xi, yi, wi) in enumerate(split_batch((x, y, sample_weight), microbatches)):
         if previous:
             xi = _waits_for(previous, xi)
         with tf.name_scope(microbatch_scope_name(index)):
-            with tf.GradientTape() as tape:
+            with tf.GradientTape(persistent=deferred is not None) as tape:
                 y_pred = model(xi, training=True) if model._call_has_training_arg else model(xi)
                 loss = model._compute_loss(
                     x=xi, y=yi, y_pred=y_pred, sample_weight=wi, training=True
@@ -118,12 +126,20 @@ def train_step(model: keras.Model, data: Any, microbatches: int, sequential: boo
                 loss = loss * tf.cast(tf.cast(size, tf.float32) / total, loss.dtype)
                 if model.optimizer is not None:
                     loss = model.optimizer.scale_loss(loss)
-            gradients = tape.gradient(loss, weights)
+            if deferred is None:
+                gradients = tape.gradient(loss, weights)
+            else:
+                with deferred.recording(index):
+                    gradients = tape.gradient(loss, weights)
         accumulated = [_add(a, g) for a, g in zip(accumulated, gradients, strict=True)]
         predictions.append(y_pred)
+        tapes.append(tape)
         if sequential:
             previous = [g.values if isinstance(g, tf.IndexedSlices) else g
                         for g in gradients if g is not None]
+    if deferred is not None and weights:
+        once = deferred.gradients(tapes, weights)
+        accumulated = [_add(a, g) for a, g in zip(accumulated, once, strict=True)]
     if weights:
         model.optimizer.apply_gradients(zip(accumulated, weights, strict=True))
     y_pred = tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *predictions)

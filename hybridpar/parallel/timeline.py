@@ -81,7 +81,7 @@ class PipelineTimeline(keras.callbacks.Callback):
         if self._trace_dir is None:
             return
         tf.profiler.experimental.stop()
-        ops = _profiled_ops(self._trace_dir)
+        ops = profiled_ops(self._trace_dir)
         windows = {
             int(name[len(STEP_EVENT):]): (start, end)
             for name, _, start, end in ops
@@ -105,7 +105,7 @@ class PipelineTimeline(keras.callbacks.Callback):
         )
 
 
-def _profiled_ops(trace_dir: str) -> list[tuple[str, str, int, int]]:
+def profiled_ops(trace_dir: str) -> list[tuple[str, str, int, int]]:
     """(node name, op type, start ns, end ns) of every event in the profiler's trace."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 

@@ -74,6 +74,30 @@ def test_two_workers_train_like_one_process(tmp_path, digits_data_dir):
             reference["evaluation"]["loss"], rel=1e-5)
 
 
+def test_two_workers_with_xla_and_steps_per_execution_train_like_one_process(
+    tmp_path, digits_data_dir
+):
+    """jit_compile=True and steps_per_execution=5 (1500 examples in batches of 64: 4
+    executions of 5 batches, then one of 4 ending in a partial batch of 28) against one
+    process without either."""
+    args = ("--shard_policy", "data", "--epochs", "2")
+    cluster = train_digits(tmp_path / "cluster", digits_data_dir, *args, "--jit_compile",
+                           "--steps_per_execution", "5")
+    result = launch(2, *cluster, timeout=240)
+    assert result.returncode == 0, result.stderr[-4000:]
+    single = subprocess.run(train_digits(tmp_path / "single", digits_data_dir, *args),
+                            capture_output=True, text=True, env=environment(), timeout=300)
+    assert single.returncode == 0, single.stderr[-4000:]
+    workers, reference = results(tmp_path / "cluster"), results(tmp_path / "single")["single"]
+    assert max_weight_diff(workers["worker-0"], workers["worker-1"]) == 0.0
+    assert max_weight_diff(workers["worker-0"], reference) <= 1e-5
+    np.testing.assert_allclose(workers["worker-0"]["history"]["loss"],
+                               reference["history"]["loss"], rtol=1e-5)
+    counts = sum(np.array(w["counts"]) for w in workers.values())
+    assert counts[:1500].tolist() == [2] * 1500  # every train example once per epoch
+    assert counts.sum() == 3000
+
+
 @pytest.mark.parametrize("policy", ["data", "file"])
 def test_every_example_is_trained_on_exactly_once_per_epoch(policy, tmp_path, digits_data_dir):
     result = launch(2, *train_digits(tmp_path, digits_data_dir, "--shard_policy", policy))

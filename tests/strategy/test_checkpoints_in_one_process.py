@@ -63,8 +63,11 @@ def train(directory, mode="none", crash_at=None, hidden=16, steps_per_execution=
         model = build(hidden, steps_per_execution)
         callbacks = hs.callbacks()
     extra = [Crash(crash_at)] if crash_at else []
-    history = model.fit(dataset(), epochs=EPOCHS, callbacks=callbacks + extra,
-                        shuffle=False, verbose=0)
+    try:
+        history = model.fit(dataset(), epochs=EPOCHS, callbacks=callbacks + extra,
+                            shuffle=False, verbose=0)
+    finally:  # a crash inside this process leaves the write in flight running: as at exit
+        callbacks[0].writer.wait()
     return model, history, callbacks[0]
 
 

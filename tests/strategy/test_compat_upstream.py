@@ -211,3 +211,9 @@ def test_hybridpar_all_reduce_sums_two_dtypes_inside_a_branch():
         assert first.dtype == tf.float32 and second.dtype == tf.float16
         np.testing.assert_array_equal(first.numpy(), [10.0, 10.0])  # 1 + 2 + 3 + 4
         np.testing.assert_array_equal(second.numpy(), [10.0, 10.0, 10.0])
+
+
+@pytest.mark.slow
+def test_upstream_tapes_build_a_weight_gradient_per_microbatch():
+    assert run_upstream("per_microbatch_weight_gradients") == {
+        "weight_gradient_matmuls": 4, "microbatches": 4}

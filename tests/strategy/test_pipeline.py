@@ -158,3 +158,25 @@ def test_timeline_shows_the_pipelined_schedule(digits_data_dir, tmp_path):
             assert backward_1.start <= backward_0.end
             assert forward_1.end <= backward_1.end
             assert all(i.start <= i.end for i in (forward_0, forward_1, backward_0, backward_1))
+
+
+def test_pipelined_step_computes_each_dense_weight_gradient_once():
+    """M microbatches on 2 stages: one weight-gradient MatMul per Dense layer, not M, and
+    each on its layer's stage (weight_gradient_split; upstream builds M, see
+    test_compat_upstream.py::test_upstream_tapes_build_a_weight_gradient_per_microbatch)."""
+    import inspect
+
+    config = {"data_parallel": {"mode": "none"},
+              "model_parallel": {"stages": 2, "microbatches": 4,
+                                 "placement": {"^first$": 0, "^second$": 1}}}
+    with hybridpar.scope(config):
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, name="first"),
+                                  keras.layers.Dense(4, name="second")])
+        model.compile(optimizer="sgd", loss="mse")
+    x = np.ones((16, 8), "float32")
+    model.fit(x, np.ones((16, 4), "float32"), batch_size=16, epochs=1, verbose=0)
+    traced = inspect.getclosurevars(model.train_function).nonlocals["traced"]
+    graph = traced._list_all_concrete_functions()[0].graph.as_graph_def()
+    nodes = [n for f in graph.library.function for n in f.node_def] + list(graph.node)
+    weight_products = [n for n in nodes if n.op == "MatMul" and n.attr["transpose_a"].b]
+    assert sorted(n.device[-5:] for n in weight_products) == ["CPU:0", "CPU:1"]

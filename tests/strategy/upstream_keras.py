@@ -267,6 +267,110 @@ def all_reduce_limits() -> dict:
     }
 
 
+def partial_dataset(batch: int = 8) -> tf.data.Dataset:
+    """44 examples in batches of ``batch`` (a final partial batch), dynamic batch shape."""
+    rng = np.random.default_rng(2)
+    features = rng.normal(size=(44, 4)).astype("float32")
+    return tf.data.Dataset.from_tensor_slices(
+        (features, features.sum(axis=1, keepdims=True))).batch(batch)
+
+
+def small_mlp() -> keras.Model:
+    keras.utils.set_random_seed(1)
+    return keras.Sequential([keras.Input((4,)),
+                             keras.layers.Dense(8, activation="relu", name="hidden"),
+                             keras.layers.Dense(1, name="out")])
+
+
+class OpsPerStep(keras.callbacks.Callback):
+    """Records ``counts`` (a dict of counters) over each training step."""
+
+    def __init__(self, counts: dict) -> None:
+        super().__init__()
+        self.counts, self.per_step = counts, []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.start = dict(self.counts)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.per_step.append({k: v - self.start[k] for k, v in self.counts.items()})
+
+
+def eager_optional_ops() -> dict:
+    """How many Optional ops run eagerly (outside any traced function) in each training step."""
+    from tensorflow.python.data.ops import optional_ops
+
+    logical_cpus(2)
+    counts = {"has_value": 0, "get_value": 0}
+    for name in counts:
+        original = getattr(optional_ops._OptionalImpl, name)
+
+        def counted(self, *args, _name=name, _original=original, **kwargs):
+            if tf.executing_eagerly():
+                counts[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        setattr(optional_ops._OptionalImpl, name, counted)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = small_mlp()
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+    recorder = OpsPerStep(counts)
+    model.fit(partial_dataset(), epochs=1, verbose=0, callbacks=[recorder])
+    return {"per_step": recorder.per_step}
+
+
+def steps_per_execution_mirrored() -> dict:
+    """fit with steps_per_execution=3 under MirroredStrategy, a final partial batch."""
+    logical_cpus(2)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = small_mlp()
+        model.compile(keras.optimizers.SGD(0.05), "mse", steps_per_execution=3)
+    try:
+        model.fit(partial_dataset(), epochs=1, verbose=0)
+        return {"outcome": "ok"}
+    except tf.errors.OpError as err:
+        lines = [line.strip() for line in err.message.splitlines() if "must feed" in line]
+        return {"outcome": f"{type(err).__name__}: {lines[0] if lines else err.message}"}
+
+
+def jit_compile_mirrored() -> dict:
+    """fit with jit_compile=True under MirroredStrategy over 2 CPUs."""
+    logical_cpus(2)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = small_mlp()
+        model.compile(keras.optimizers.SGD(0.05), "mse", jit_compile=True)
+    try:
+        model.fit(partial_dataset(), epochs=1, verbose=0)
+        return {"jit_compile": model.jit_compile, "outcome": "ok"}
+    except tf.errors.OpError as err:
+        lines = [line.strip() for line in err.message.splitlines() if "Trying to access" in line]
+        return {"jit_compile": model.jit_compile, "outcome": lines[0] if lines else err.message}
+
+
+def per_microbatch_weight_gradients() -> dict:
+    """Weight-gradient MatMuls when each of 4 microbatches takes its own tape.gradient."""
+    layer = keras.layers.Dense(16)
+    layer.build((None, 8))
+
+    @tf.function
+    def step(x):
+        total = None
+        for part in tf.split(x, 4):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(layer(part))
+            (gradient,) = tape.gradient(loss, [layer.kernel])
+            total = gradient if total is None else total + gradient
+        return total
+
+    graph = step.get_concrete_function(tf.TensorSpec((32, 8))).graph
+    products = [op for op in graph.get_operations()
+                if op.type == "MatMul" and op.get_attr("transpose_a")]
+    return {"weight_gradient_matmuls": len(products), "microbatches": 4}
+
+
 def legacy_keras_routing() -> dict:
     """``tf.keras`` (twice) with TF_USE_LEGACY_KERAS=1, as Ray Train sets it, without tf_keras."""
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
@@ -294,6 +398,10 @@ CASES = {
         device_scopes_and_slots,
         mirrored_variable_devices,
         tape_gradient_device,
+        eager_optional_ops,
+        steps_per_execution_mirrored,
+        jit_compile_mirrored,
+        per_microbatch_weight_gradients,
     )
 }
 

@@ -21,12 +21,13 @@ def test_gathered_volume_moves_dense_variables_and_looked_up_rows_both_ways():
 
 
 def test_pairs_alternate_which_cluster_runs_first():
-    assert ps.pair_orders(3) == [(1, 2), (2, 1), (1, 2)]
+    assert ps.pair_orders(3) == [("hybridpar", "raw"), ("raw", "hybridpar"), ("hybridpar", "raw")]
 
 
-def test_scaling_is_the_ratio_of_median_rates():
-    rates = [{1: 100.0, 2: 150.0}, {1: 90.0, 2: 200.0}, {1: 110.0, 2: 160.0}]
-    assert ps.scaling(rates) == (100.0, 160.0, pytest.approx(1.6))
+def test_fit_vs_raw_is_the_ratio_of_median_rates():
+    rates = [{"hybridpar": 95.0, "raw": 100.0}, {"hybridpar": 90.0, "raw": 80.0},
+             {"hybridpar": 110.0, "raw": 120.0}]
+    assert ps.fit_vs_raw(rates) == (95.0, 100.0, pytest.approx(0.95))
 
 
 def test_cluster_ports_are_every_task_port():

@@ -19,3 +19,14 @@ def test_speedups_compare_each_m_with_m1_and_the_gpipe_bound():
 def test_parse_args_refuses_sizes_that_do_not_split(argv):
     with pytest.raises(SystemExit):
         pipeline.parse_args(argv)
+
+
+def test_matmul_phases_split_forward_and_backward_per_step():
+    ops = [
+        ("a/microbatch0/hybridpar_stage0/dense/Relu", "_MklNativeFusedMatMul", 0, 4_000_000),
+        ("a/gradient_tape/microbatch0/hybridpar_stage0/dense/MatMul", "_MklMatMul", 0, 2_000_000),
+        ("a/weight_gradients/MatMul", "MatMul", 0, 6_000_000),
+        ("a/gradient_tape/microbatch0/hybridpar_stage0/dense/BiasAddGrad", "BiasAddGrad", 0, 9),
+    ]
+    phases = pipeline.matmul_phases(ops, steps=2)
+    assert phases == {"forward": pytest.approx(0.002), "backward": pytest.approx(0.004)}

@@ -73,6 +73,8 @@ def main() -> None:
     parser.add_argument("--fail_epoch", type=int, default=0)
     parser.add_argument("--fail_signal", action="store_true", help="SIGKILL instead of exit 3")
     parser.add_argument("--callbacks_dir", default="", help="add Keras's file-writing callbacks")
+    parser.add_argument("--steps_per_execution", type=int, default=1)
+    parser.add_argument("--jit_compile", action="store_true")
     args = parser.parse_args()
     task = os.environ.get("HYBRIDPAR_TASK", "single")
 
@@ -88,7 +90,9 @@ def main() -> None:
         model = Classifier()
         model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"])
+                      metrics=["accuracy"], steps_per_execution=args.steps_per_execution,
+                      jit_compile=args.jit_compile)
+
     def fail(epoch, logs=None):
         if task == args.fail_task and epoch == args.fail_epoch:
             print(f"{task} fails at epoch {epoch}", flush=True)

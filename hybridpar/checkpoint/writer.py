@@ -1,0 +1,103 @@
+"""Checkpoint files written off the training path: one background write at a time.
+
+``PeriodicCheckpoint`` captures a checkpoint's values into host memory in the
+training loop (every worker takes part; that is the only part that blocks a
+step) and hands them to a ``BackgroundWriter``, which writes ``state.npz``,
+hashes it, writes the manifest, fsyncs, renames the partial directory into
+place and prunes old checkpoints in a thread (``files.write``,
+``files.prune``). The captured arrays are the values at the save's step:
+TensorFlow copies a variable's buffer before updating it while a read of it
+is alive, so training on does not change them.
+
+- One write is in flight at a time: ``submit`` waits for the previous one.
+- ``wait()`` blocks until the write in flight is done; the callback calls it
+  at the end of ``fit`` and before a preemption exit. The thread is not a
+  daemon, so a process that exits normally finishes the write first.
+- A write that fails (a full disk, an I/O error) leaves the previous
+  checkpoint as it was (the new one was still a ``.partial-`` directory) and
+  is logged when it happens; the next ``submit`` or ``wait`` raises
+  ``CheckpointWriteError`` with the cause, so training stops instead of
+  running on without checkpoints. A process killed mid-write leaves only a
+  partial directory, removed when the next run starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hybridpar.checkpoint import files
+from hybridpar.errors import CheckpointWriteError
+
+logger = logging.getLogger("hybridpar")
+
+
+class BackgroundWriter:
+    """Writes checkpoints in a background thread, one at a time (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._failure: CheckpointWriteError | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def busy(self) -> bool:
+        """True while a write is in flight."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, directory: str | os.PathLike, arrays: dict[str, np.ndarray],
+               manifest: dict[str, Any], keep: int) -> Path:
+        """Starts writing one checkpoint (after the previous write finished).
+
+        Returns:
+            The checkpoint directory the write will create.
+
+        Raises:
+            CheckpointWriteError: if the previous write failed.
+        """
+        self.wait()
+        path = Path(directory) / files.checkpoint_name(int(manifest["step"]))
+        self._thread = threading.Thread(
+            target=self._write, args=(Path(directory), arrays, manifest, keep),
+            name=f"hybridpar-checkpoint-{path.name}", daemon=False,
+        )
+        self._thread.start()
+        return path
+
+    def wait(self) -> None:
+        """Blocks until the write in flight is done.
+
+        Raises:
+            CheckpointWriteError: if that write (or an earlier unreported one) failed.
+        """
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+        with self._lock:
+            failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+
+    def _write(self, directory: Path, arrays: dict[str, np.ndarray], manifest: dict[str, Any],
+               keep: int) -> None:
+        name = files.checkpoint_name(int(manifest["step"]))
+        try:
+            files.write(directory, arrays, manifest)
+            files.prune(directory, keep)
+        except Exception as err:  # reported to the training thread, never dropped
+            previous = [p.name for p in files.list_checkpoints(directory)]
+            intact = f"the newest complete one is {previous[-1]}" if previous else "none exists"
+            failure = CheckpointWriteError(
+                f"Writing checkpoint {name} in {directory} failed in the background "
+                f"({type(err).__name__}: {err}). Earlier checkpoints are intact ({intact}). "
+                "Free space or fix the directory, then resume from the newest checkpoint."
+            )
+            failure.__cause__ = err
+            logger.error("hybridpar: %s", failure)
+            with self._lock:
+                self._failure = failure

@@ -1,0 +1,80 @@
+"""A training step returns its logs, not an Optional that costs two eager ops to open.
+
+Upstream (Keras 3.15, ``TensorFlowTrainer._make_function`` in
+``keras/src/backend/tensorflow/trainer.py``): the traced
+``multi_step_on_iterator`` wraps every step's logs in a
+``tf.experimental.Optional`` (needed only for ``steps_per_execution > 1``,
+where the data may end inside an execution), and after every call the
+Python loop runs ``has_value()`` and ``get_value()`` eagerly: two op
+dispatches per step, about 0.3 ms of a 6.5 ms multi-worker step measured
+here. With ``steps_per_execution == 1`` the Optional always holds a value
+(the end of the data is an ``OutOfRangeError`` from ``get_next``, which
+Keras's epoch iterator turns into the end of the epoch).
+
+For models under a strategy hybridpar built, ``_make_function`` builds the
+train and test functions here: with ``steps_per_execution == 1`` the traced
+function returns the logs themselves; with more, the loop of
+``step_loop`` runs; under replicated strategies, ``jit_compile=True`` goes
+through ``xla_replicas``. Everything else, and every model of another
+strategy, uses Keras's own ``_make_function``. ``run_eagerly`` models and
+the chief-side ``evaluate`` of parameter-server mode keep Keras's path too.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+from keras.src.backend.tensorflow import trainer as keras_tf_trainer
+
+from hybridpar.compat import step_loop, xla_replicas
+from hybridpar.compat.patching import Fix, Patch, register
+from hybridpar.state import state_of
+
+_ITERATORS = (tf.data.Iterator, tf.distribute.DistributedIterator)
+
+
+def make_function(model: Any, step_function: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Keras's train/test function of ``model`` for a strategy hybridpar built (see module doc)."""
+    one_step = xla_replicas.one_step_on_data(model, step_function)
+    if model.steps_per_execution == 1:
+
+        @tf.autograph.experimental.do_not_convert
+        def one_step_on_iterator(iterator):
+            return one_step(iterator.get_next())
+
+        traced = tf.function(one_step_on_iterator, reduce_retracing=True)
+    else:
+        traced = step_loop.multi_step_on_iterator(model, one_step)
+
+    def function(iterator):
+        if isinstance(iterator, _ITERATORS):
+            return traced(iterator)
+        for _, data in zip(range(model.steps_per_execution), iterator, strict=False):
+            outputs = one_step(data)
+        return outputs
+
+    return function
+
+
+def _owned_step_functions(original: Any) -> Any:
+    @functools.wraps(original)
+    def _make_function(self, step_function):
+        state = state_of(self._distribute_strategy)
+        if state is None or state.mode == "parameter_server" or self.run_eagerly:
+            return original(self, step_function)
+        return make_function(self, step_function)
+
+    return _make_function
+
+
+FIX = register(Fix(
+    name="optional_outputs",
+    corrects="every training step's logs come back in a tf.experimental.Optional opened by "
+             "two eager ops",
+    group="core",
+    patches=(Patch(keras_tf_trainer.TensorFlowTrainer, "_make_function",
+                   _owned_step_functions),),
+))

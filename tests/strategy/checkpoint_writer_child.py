@@ -1,0 +1,60 @@
+"""A small training job with checkpoints, and a run of it killed half-way through a write.
+
+``train`` is shared with tests/strategy/test_checkpoint_writer.py. Run as a
+script,
+
+    python checkpoint_writer_child.py CKPT_DIR
+
+it trains with ``checkpoint.every_steps: 2``; from the second checkpoint on,
+the state file is written in two halves, and between them the process
+prints ``HALF-WRITTEN <writer thread>`` and waits, so the parent can SIGKILL
+it mid-write (a fault injected into the write, in a real process).
+"""
+
+import pathlib
+import sys
+import threading
+
+import keras
+import numpy as np
+
+import hybridpar
+from hybridpar.checkpoint import files
+
+
+def train(directory: pathlib.Path, callbacks=()) -> tuple[keras.Model, object]:
+    """8 steps of an MLP with ``PeriodicCheckpoint`` every 2 steps, keeping 3."""
+    config = {"data_parallel": {"mode": "none"},
+              "checkpoint": {"dir": str(directory), "every_steps": 2, "every_epochs": None,
+                             "keep": 3}}
+    keras.utils.set_random_seed(0)
+    with hybridpar.scope(config) as hs:
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
+                                  keras.layers.Dense(1)])
+        model.compile("adam", "mse")
+        checkpoint = hs.callbacks()[0]
+    x = np.random.default_rng(0).normal(size=(64, 8)).astype("float32")
+    model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0,
+              callbacks=[checkpoint, *callbacks], shuffle=False)
+    return model, checkpoint
+
+
+def half_then_wait(original):
+    calls = []
+
+    def savez(stream, **arrays):
+        calls.append(1)
+        if len(calls) == 1:
+            return original(stream, **arrays)
+        original(stream, **dict(list(arrays.items())[: len(arrays) // 2]))
+        stream.flush()
+        print(f"HALF-WRITTEN {threading.current_thread().name}", flush=True)
+        threading.Event().wait()  # until killed
+
+    return savez
+
+
+if __name__ == "__main__":
+    hybridpar.testing.use_logical_cpus(1)
+    files.np.savez = half_then_wait(files.np.savez)
+    train(pathlib.Path(sys.argv[1]))
