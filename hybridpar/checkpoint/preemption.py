@@ -63,16 +63,43 @@ def _exit_preempted() -> None:
     sys.exit(PREEMPTED_EXIT_CODE)
 
 
-class PreemptionWatcher:
+class _SigtermWatcher:
+    """What both watchers share: SIGTERM is handled between ``activate`` and ``deactivate``."""
+
+    def __init__(self) -> None:
+        self._save: Callable[[], None] | None = None
+        self._previous: Any = None
+        self.signalled = False
+        self.saved = False
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        raise NotImplementedError
+
+    def activate(self, save: Callable[[], None]) -> None:
+        """Handles SIGTERM from now on; ``save`` writes the checkpoint when it is time."""
+        self._save = save
+        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def deactivate(self) -> None:
+        """Restores the previous SIGTERM action; re-raises a SIGTERM that found no step."""
+        self._save = None
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+        if self.signalled and not self.saved:
+            logger.warning("hybridpar: SIGTERM arrived after the last training step; "
+                           "terminating as asked.")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class PreemptionWatcher(_SigtermWatcher):
     """One ``PreemptionCheckpointHandler`` per strategy, switched on while ``fit`` runs."""
 
     def __init__(self, strategy: tf.distribute.Strategy) -> None:
+        super().__init__()
         resolver = getattr(strategy, "cluster_resolver", None)
         if resolver is not None and not resolver.cluster_spec().jobs:
             resolver = None
-        self._save: Callable[[], None] | None = None
-        self.signalled = False
-        self.saved = False
         private = tempfile.mkdtemp(prefix="hybridpar-preemption-")
         atexit.register(shutil.rmtree, private, ignore_errors=True)
         previous = signal.getsignal(signal.SIGTERM)
@@ -84,7 +111,6 @@ class PreemptionWatcher:
         )
         self._tf_sigterm = signal.getsignal(signal.SIGTERM)
         signal.signal(signal.SIGTERM, previous)
-        self._previous: Any = None
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         if not self.signalled:
@@ -98,28 +124,12 @@ class PreemptionWatcher:
             self._save()
         self.saved = True
 
-    def activate(self, save: Callable[[], None]) -> None:
-        """Handles SIGTERM from now on; ``save`` writes the checkpoint when it is time."""
-        self._save = save
-        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-
     def step_done(self) -> None:
         """Call at every step boundary, on every worker: saves and exits if preempted."""
         self.handler.save_checkpoint_if_preempted()
 
-    def deactivate(self) -> None:
-        """Restores the previous SIGTERM action; re-raises a SIGTERM that found no step."""
-        self._save = None
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
-        if self.signalled and not self.saved:
-            logger.warning("hybridpar: SIGTERM arrived after the last training step; "
-                           "terminating as asked.")
-            os.kill(os.getpid(), signal.SIGTERM)
 
-
-class CoordinatorPreemptionWatcher:
+class CoordinatorPreemptionWatcher(_SigtermWatcher):
     """SIGTERM on the parameter-server chief: stop scheduling, join, save, exit.
 
     Args:
@@ -127,22 +137,14 @@ class CoordinatorPreemptionWatcher:
     """
 
     def __init__(self, join: Callable[[], None]) -> None:
+        super().__init__()
         self._join = join
-        self._save: Callable[[], None] | None = None
-        self._previous: Any = None
-        self.signalled = False
-        self.saved = False
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         if not self.signalled:
             logger.warning("hybridpar: received SIGTERM; scheduling no more steps, joining those "
                            "in flight, then saving and exiting with %d.", PREEMPTED_EXIT_CODE)
         self.signalled = True
-
-    def activate(self, save: Callable[[], None]) -> None:
-        """Handles SIGTERM from now on; ``save`` writes the checkpoint when it is time."""
-        self._save = save
-        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def step_done(self) -> None:
         """Call before each step is scheduled: if signalled, joins, saves and exits."""
@@ -152,17 +154,6 @@ class CoordinatorPreemptionWatcher:
         self._save()
         self.saved = True
         _exit_preempted()
-
-    def deactivate(self) -> None:
-        """Restores the previous SIGTERM action; re-raises a SIGTERM that found no step."""
-        self._save = None
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
-        if self.signalled and not self.saved:
-            logger.warning("hybridpar: SIGTERM arrived after the last training step; "
-                           "terminating as asked.")
-            os.kill(os.getpid(), signal.SIGTERM)
 
 
 _live: weakref.WeakSet[PreemptionWatcher] = weakref.WeakSet()
