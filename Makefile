@@ -30,10 +30,12 @@ gpu: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/hybridpar train --config configs/quickstart.yaml
 
+# Two pytest-xdist workers: the multi-process tests spend much of their time waiting on
+# their clusters, and the other worker fills that time. The Ray tests share one worker
+# (one Ray cluster; tests/conftest.py).
 test: $(RAY_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not keras_suite"
-	$(BIN)/python -m pytest -q -m keras_suite
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not multiworker and not keras_suite and not ray"

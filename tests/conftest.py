@@ -24,6 +24,16 @@ def pytest_configure(config: pytest.Config) -> None:
     hybridpar.testing.use_logical_cpus(LOGICAL_CPUS)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test` runs two workers), every Ray test goes to one worker,
+    so the session starts one Ray cluster."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.get_closest_marker("ray"):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
 @pytest.fixture(scope="session")
 def digits_data_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A tfds data dir holding the embedded hybridpar_digits set, built once."""

@@ -126,3 +126,12 @@ def test_docstrings_cite_no_document_outside_the_repository():
         text = path.read_text()
         for phrase in ("DESIGN.md", "fact 5", "(fix ", "fix 3"):
             assert phrase not in text, f"{name} cites {phrase!r}"
+
+
+def test_test_modules_have_unique_names():
+    """pytest imports test modules by basename (the test folders are not packages), so two
+    `test_x.py` in different layers make the whole run fail to collect one of them."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((PACKAGE.parent / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(PACKAGE.parent)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
