@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ab_pairs import VARIANTS, pair_orders, summarize  # beside this script
+from raw_loop import custom_train_step
 
 WORKERS = 2
 SEED = 1234
@@ -395,25 +396,9 @@ def _custom_loop(
     section: TimedSection,
 ) -> tuple[float, dict[str, int]]:
     """The standard tf.distribute custom training loop (TF's multi-worker CTL tutorial)."""
-    import keras
     import tensorflow as tf
 
-    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-
-    def step_fn(x: Any, y: Any) -> Any:
-        with tf.GradientTape() as tape:
-            loss = tf.nn.compute_average_loss(
-                per_example(y, model(x, training=True)), global_batch_size=args.batch
-            )
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        return loss
-
-    @tf.function
-    def train_step(iterator: Any) -> Any:
-        per_replica = strategy.run(step_fn, args=next(iterator))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
+    train_step = custom_train_step(strategy, model, optimizer, args.batch)
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     for epoch in range(1 + args.epochs):
         if epoch == 1:

@@ -29,6 +29,8 @@ import pstats
 from collections.abc import Sequence
 from typing import Any
 
+from raw_loop import custom_train_step  # beside this script
+
 BATCH = 128
 EAGER_OP = "TFE_Py_FastPathExecute"
 GRAPH_CALL = "TFE_Py_Execute"
@@ -110,21 +112,7 @@ def profile_raw(steps: int) -> pstats.Stats:
         model, data = _model_and_data()
         optimizer = keras.optimizers.SGD(0.01)
         optimizer.build(model.trainable_variables)
-    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-
-    def step_fn(x: Any, y: Any) -> Any:
-        with tf.GradientTape() as tape:
-            loss = tf.nn.compute_average_loss(per_example(y, model(x, training=True)),
-                                              global_batch_size=BATCH)
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        return loss
-
-    @tf.function
-    def train_step(iterator: Any) -> Any:
-        per_replica = strategy.run(step_fn, args=next(iterator))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
+    train_step = custom_train_step(strategy, model, optimizer, BATCH)
     iterator = iter(strategy.experimental_distribute_dataset(data))
     for _ in range(steps):
         train_step(iterator)

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import upstream_keras  # beside this file; pytest puts its folder on sys.path
-from tensorflow.python.data.ops import optional_ops
 from upstream_runner import run_case  # beside this file
 
 import hybridpar
@@ -75,16 +74,7 @@ def test_upstream_each_step_opens_an_optional_eagerly():
 @pytest.mark.parametrize("config", [MIRRORED, {"data_parallel": {"mode": "none"}}],
                          ids=["mirrored", "none"])
 def test_owned_steps_run_no_eager_optional_op(config, one_device, monkeypatch):
-    counts = {"has_value": 0, "get_value": 0}
-    for name in counts:
-        original = getattr(optional_ops._OptionalImpl, name)
-
-        def counted(self, *args, _name=name, _original=original, **kwargs):
-            if tf.executing_eagerly():
-                counts[_name] += 1
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(optional_ops._OptionalImpl, name, counted)
+    counts = upstream_keras.count_eager_optional_ops(monkeypatch.setattr)
     recorder = upstream_keras.OpsPerStep(counts)
     model = train(config, callbacks=[recorder])
     assert recorder.per_step == [{"has_value": 0, "get_value": 0}] * STEPS

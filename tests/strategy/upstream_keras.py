@@ -296,11 +296,12 @@ class OpsPerStep(keras.callbacks.Callback):
         self.per_step.append({k: v - self.start[k] for k, v in self.counts.items()})
 
 
-def eager_optional_ops() -> dict:
-    """How many Optional ops run eagerly (outside any traced function) in each training step."""
+def count_eager_optional_ops(install=setattr) -> dict:
+    """Counts ``has_value``/``get_value`` of Optionals run eagerly (outside any traced
+    function) from now on; returns the live counters. ``install(owner, name, value)`` puts
+    the counting methods in place (``setattr``, or pytest's ``monkeypatch.setattr``)."""
     from tensorflow.python.data.ops import optional_ops
 
-    logical_cpus(2)
     counts = {"has_value": 0, "get_value": 0}
     for name in counts:
         original = getattr(optional_ops._OptionalImpl, name)
@@ -310,7 +311,14 @@ def eager_optional_ops() -> dict:
                 counts[_name] += 1
             return _original(self, *args, **kwargs)
 
-        setattr(optional_ops._OptionalImpl, name, counted)
+        install(optional_ops._OptionalImpl, name, counted)
+    return counts
+
+
+def eager_optional_ops() -> dict:
+    """How many Optional ops run eagerly (outside any traced function) in each training step."""
+    logical_cpus(2)
+    counts = count_eager_optional_ops()
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():
         model = small_mlp()
