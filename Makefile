@@ -20,12 +20,10 @@ $(RAY_STAMP): $(STAMP)
 	$(PIP_INSTALL) -e ".[test,ray]"
 	touch $(RAY_STAMP)
 
-# TensorFlow with CUDA in place of tensorflow-cpu (both install the same `tensorflow`
-# package, so the CPU build is removed first and the CUDA build installed whole).
+# NVIDIA's CUDA and cuDNN wheels beside the `tensorflow` package hybridpar depends on
+# (its Linux wheel is one build for CPU and GPU).
 gpu: $(STAMP)
 	$(PIP_INSTALL) -e ".[gpu]"
-	$(BIN)/python -m pip uninstall --quiet -y tensorflow-cpu tensorflow
-	$(PIP_INSTALL) "tensorflow[and-cuda]"
 
 demo: $(STAMP)
 	$(BIN)/hybridpar train --config configs/quickstart.yaml
