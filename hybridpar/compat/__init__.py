@@ -14,7 +14,7 @@ one exists) and registers a ``patching.Fix``. Two kinds:
 - patches of Keras/TensorFlow attributes (``symbolic_build``,
   ``replica_share``, ``gradient_all_reduce``, ``metric_reduction``,
   ``unbatched_input``, ``chief_files``, ``microbatch_step``, ``legacy_keras``,
-  ``gradient_compression``, ``optional_outputs``, the stage hooks
+  ``gradient_compression``, ``optional_outputs``, ``padded_steps``, the stage hooks
   ``stage_marks``/``stage_calls``/``stage_gradients``/``weight_gradient_split``, and the
   parameter-server fixes ``shard_views``, ``sharded_embedding``,
   ``sharded_numpy``, ``atomic_updates``, and ``runner_routing``, which sends
@@ -43,7 +43,9 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     legacy_keras,
     metric_reduction,
     microbatch_step,
+    moving_statistics,
     optional_outputs,
+    padded_steps,
     ps_chief,
     ps_evaluator_job,
     replica_all_reduce,

@@ -1,38 +1,84 @@
-"""Global batches split evenly over the replicas of hybridpar's mirrored strategies.
+"""Global batches split over the replicas in balanced pieces, never an empty one.
 
-Upstream (TF 2.21, ``input_lib._make_rebatch_fn``): when TensorFlow can read
-a batch size from the dataset graph (file-based pipelines), it rebatches
-front-first, so a final partial batch of 92 examples over 4 replicas becomes
-32, 32, 28 and 0. An empty replica is harmful: oneDNN's fused Conv2D returns
-a wrongly shaped tensor for an empty batch ("input depth must be evenly
-divisible by filter depth: 1 vs 32") and batch statistics of zero examples
-are NaN. ``distribute_evenly`` splits every global batch evenly (23, 23, 23,
-23) with TensorFlow's own even-split rebatch op, the one it uses when it
-cannot read a batch size. Datasets whose batches have one static size that
-divides over the replicas (``drop_remainder``) are already even and pass
-unchanged, keeping their static shapes. Only a final batch with fewer
-examples than replicas still leaves replicas empty; no example is dropped.
-Keras's ``model.fit`` calls ``experimental_distribute_dataset`` on the
-strategy, so overriding it in hybridpar's strategy class covers every
-fit/evaluate/predict without touching Keras.
+Upstream (TF 2.21, ``input_lib._make_rebatch_fn``): a global batch is split
+over the replicas front-first when TensorFlow can read a batch size from the
+dataset graph (file-based pipelines: a final batch of 92 over 4 replicas
+becomes 32, 32, 28, 0) and with the per-replica size rounded up otherwise
+(``_LegacyRebatchDataset``: 6 examples become 2, 2, 2, 0, and 2 become 1, 1,
+0, 0). An empty replica is harmful: oneDNN's fused Conv2D returns a wrongly
+shaped tensor for an empty batch (``keras.applications.MobileNetV2`` fails
+in ``fit``, ``evaluate`` and ``predict`` with "Incompatible shapes: [16] vs.
+[3]"), and the batch statistics of zero examples are NaN, which the gradient
+all-reduce spreads into every copy of a batch-norm layer.
+
+hybridpar's replicated strategies distribute ``hybridpar.data.balanced``
+pieces instead: per-replica sizes differ by at most one, and a batch with
+fewer examples than replicas is padded with copies that carry a keep of 0,
+so they add nothing to the loss, the metrics, the gradients or ``predict``'s
+rows (``replica_share``, ``padded_steps``). Datasets whose batches have one
+static size that divides over the replicas (``drop_remainder``) are already
+even and pass unchanged, keeping their static shapes. Keras's ``model.fit``
+calls ``experimental_distribute_dataset`` on the strategy, so overriding it
+in hybridpar's strategy classes covers every fit/evaluate/predict without
+touching Keras.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.data.experimental.ops import distribute as distribute_ops
+from tensorflow.python.distribute import input_ops
 
 from hybridpar.compat.patching import Fix, register
-from hybridpar.data import inspect
+from hybridpar.data import balanced, inspect
 
 FIX = register(Fix(
     name="even_batches",
-    corrects="file-based batches are split front-first over replicas, leaving some empty",
+    corrects="a global batch is split over replicas front-first or rounded up, leaving some "
+             "replicas empty",
     group="core",
 ))
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerInput:
+    """How one worker of a multi-worker strategy reads the global batches.
+
+    Attributes:
+        worker_id: the worker's position (its replicas are the ``worker_id``-th
+            group of the strategy's replicas).
+        num_workers: the training workers.
+        policy: the resolved ``data.shard_policy``: ``data`` (every worker reads
+            every batch and keeps its replicas' pieces), ``file`` (each worker
+            reads its own files) or ``off`` (each worker reads everything).
+    """
+
+    worker_id: int
+    num_workers: int
+    policy: str
+
+
+def needs_split(dataset: Any, replicas: int) -> bool:
+    """True for a batched dataset whose batches may not divide evenly over ``replicas``."""
+    if replicas == 1 or not isinstance(dataset, tf.data.Dataset):
+        return False
+    if not inspect.is_batched(dataset):
+        return False
+    size = inspect.static_batch_size(dataset)
+    return size is None or size % replicas != 0
+
+
+def _pieces(dataset: tf.data.Dataset, replicas: int, worker: WorkerInput | None) -> Any:
+    if worker is None:
+        return balanced.split_batches(dataset, replicas)
+    local = replicas // worker.num_workers
+    if worker.policy == "data":
+        return balanced.split_batches(dataset, replicas, worker.worker_id * local, local)
+    own = input_ops.auto_shard_dataset(dataset, worker.num_workers, worker.worker_id, replicas)
+    return balanced.split_batches(own, replicas)
 
 
 def distribute_evenly(
@@ -40,20 +86,21 @@ def distribute_evenly(
     dataset: Any,
     options: Any,
     distribute: Callable[[Any, Any], Any],
+    worker: WorkerInput | None = None,
 ) -> Any:
-    """``distribute(dataset, options)``, with uneven batches split evenly first.
+    """``distribute(dataset, options)``, with uneven batches split in balanced pieces first.
 
     Args:
         strategy: the strategy the dataset is distributed over.
-        dataset: what ``experimental_distribute_dataset`` received.
+        dataset: what ``experimental_distribute_dataset`` received (for a
+            multi-worker strategy, with its auto-shard option set).
         options: its ``tf.distribute.InputOptions``.
         distribute: the strategy's own ``experimental_distribute_dataset``.
+        worker: this worker's part of a multi-worker strategy's input.
     """
     replicas = strategy.num_replicas_in_sync
-    if replicas == 1 or not isinstance(dataset, tf.data.Dataset):
+    if not needs_split(dataset, replicas):
         return distribute(dataset, options)
-    size = inspect.static_batch_size(dataset)
-    if not inspect.is_batched(dataset) or (size is not None and size % replicas == 0):
-        return distribute(dataset, options)
-    per_replica = distribute_ops._LegacyRebatchDataset(dataset, replicas)
-    return strategy.distribute_datasets_from_function(lambda _: per_replica, options)
+    return strategy.distribute_datasets_from_function(
+        lambda _: _pieces(dataset, replicas, worker), options
+    )

@@ -1,10 +1,12 @@
-"""``model_parallel.microbatches > 1`` runs hybridpar's microbatched train step.
+"""``model_parallel.microbatches > 1`` (and a padded batch) runs hybridpar's train step.
 
 Not an upstream defect: Keras 3 has no pipelining, and its train step is the
 one place a batch can be split into microbatches under the unmodified
 ``model.fit``. For models under a strategy hybridpar built with
-``microbatches > 1``, ``TensorFlowTrainer.train_step`` runs
-``hybridpar.parallel.pipeline.train_step`` instead.
+``microbatches > 1``, or whose replica holds a balanced piece of a split
+batch (``even_batches``: its padding must get no weight in the metrics and
+the loss tracker, see ``padded_steps``), ``TensorFlowTrainer.train_step``
+runs ``hybridpar.parallel.pipeline.train_step`` instead.
 
 ``make_train_function`` is the first point where a model is complete (all
 its layers known and built) before its first step: there a model class that
@@ -22,6 +24,7 @@ from typing import Any
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
 from hybridpar import report
+from hybridpar.compat import replica_share
 from hybridpar.compat.patching import Fix, Patch, register
 from hybridpar.errors import ConfigError
 from hybridpar.parallel import pipeline
@@ -42,10 +45,12 @@ def _microbatched(original: Any) -> Any:
     @functools.wraps(original)
     def train_step(self, data):
         state = state_of(self._distribute_strategy)
-        if state is None or state.microbatches == 1:
+        share = replica_share.current_share()
+        keep = None if share is None else share.keep
+        if state is None or (state.microbatches == 1 and keep is None):
             return original(self, data)
         return pipeline.train_step(
-            self, data, state.microbatches, sequential=state.stages == 1
+            self, data, state.microbatches, sequential=state.stages == 1, keep=keep
         )
 
     return train_step

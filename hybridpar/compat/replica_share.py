@@ -20,6 +20,13 @@ scaled by ``local / B`` and the true total rides along in the gradient
 all-reduce Keras already does (``gradient_all_reduce``), which rescales the
 sums by ``B / total``. Without it, the first loss scaled in a replica
 function all-reduces the local counts once (one scalar collective per step).
+
+A replica's piece of a split batch (``hybridpar.data.balanced.ReplicaBatch``,
+from ``even_batches``) counts only the examples it keeps: a replica that holds
+only padding has a share of 0, so its loss adds nothing to the gradients,
+whatever ``train_step`` computes it. The replica function receives the piece's
+data as the dataset yields it; hybridpar's own steps (``padded_steps``) read
+the keep mask from the share to weight their metrics and outputs.
 """
 
 from __future__ import annotations
@@ -38,14 +45,23 @@ from keras.src.trainers.data_adapters import data_adapter_utils
 
 from hybridpar.compat import replica_all_reduce
 from hybridpar.compat.patching import Fix, Patch, register
+from hybridpar.data import balanced
 
 
 @dataclasses.dataclass
 class Share:
-    """One replica's example count and the step's total (all-reduced when first needed)."""
+    """One replica's example count and the step's total (all-reduced when first needed).
+
+    Attributes:
+        local: the examples this replica holds (padding not counted).
+        nominal: ``data.global_batch_size``, or ``None``.
+        keep: the replica's keep mask when its batch is a balanced piece (1.0
+            for the input's examples, 0.0 for padding), else ``None``.
+    """
 
     local: tf.Tensor
     nominal: float | None
+    keep: tf.Tensor | None = None
     _total: tf.Tensor | None = None
 
     def total(self) -> tf.Tensor:
@@ -82,31 +98,46 @@ def _dynamic_batch(args: tuple[Any, ...]) -> tf.Tensor | None:
 
 
 @contextlib.contextmanager
-def _weighting(args: tuple[Any, ...], nominal: int | None) -> Iterator[None]:
-    context = tf.distribute.get_replica_context()
-    first = _dynamic_batch(args) if context is not None else None
-    if first is None or context.num_replicas_in_sync == 1:
+def _sharing(share: Share | None) -> Iterator[None]:
+    if share is None:
         yield
         return
-    local = tf.cast(tf.shape(first)[0], tf.float32)
-    token = _share.set(Share(local, None if nominal is None else float(nominal)))
+    token = _share.set(share)
     try:
         yield
     finally:
         _share.reset(token)
 
 
-def weighted_by_share(fn: Callable[..., Any], nominal: int | None) -> Callable[..., Any]:
+def _share_of(args: tuple[Any, ...], nominal: int | None) -> Share | None:
+    context = tf.distribute.get_replica_context()
+    first = _dynamic_batch(args) if context is not None else None
+    if first is None or context.num_replicas_in_sync == 1:
+        return None
+    local = tf.cast(tf.shape(first)[0], tf.float32)
+    return Share(local, None if nominal is None else float(nominal))
+
+
+def weighted_by_share(fn: Callable[..., Any], nominal: int | None,
+                      guard_empty: bool = False) -> Callable[..., Any]:
     """``fn`` (a replica function) run with its batch's share of the examples.
 
     Args:
         fn: what ``strategy.run`` runs in each replica.
         nominal: ``data.global_batch_size``, or ``None``.
+        guard_empty: give a replica whose piece is empty (its worker's input
+            ended before another's) one zero example with keep 0 instead.
     """
 
     @functools.wraps(fn)
     def replica_fn(*args: Any, **kwargs: Any) -> Any:
-        with _weighting(args, nominal):
+        if args and isinstance(args[0], balanced.ReplicaBatch):
+            piece = balanced.zero_row_if_empty(args[0]) if guard_empty else args[0]
+            nominal_size = None if nominal is None else float(nominal)
+            share = Share(tf.reduce_sum(piece.keep), nominal_size, keep=piece.keep)
+            with _sharing(share):
+                return fn(piece.data, *args[1:], **kwargs)
+        with _sharing(_share_of(args, nominal)):
             return fn(*args, **kwargs)
 
     return replica_fn

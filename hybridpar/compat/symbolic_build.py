@@ -22,6 +22,7 @@ import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
 from hybridpar.compat.patching import Fix, Patch, register
+from hybridpar.data import balanced
 from hybridpar.state import state_of
 
 
@@ -40,6 +41,8 @@ def _from_specs(original: Any) -> Any:
         specs = tf.nest.map_structure(
             _per_replica_spec, dataset.element_spec, expand_composites=False
         )
+        if isinstance(specs, balanced.ReplicaBatch):  # a balanced piece (even_batches)
+            specs = specs.data
         with self.distribute_strategy.scope():
             self._symbolic_build(data_batch=specs)
 

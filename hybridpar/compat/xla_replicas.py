@@ -34,7 +34,7 @@ from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 from keras.src.losses import loss as keras_loss
 from keras.src.trainers.data_adapters import data_adapter_utils
 
-from hybridpar.compat import replica_share
+from hybridpar.compat import moving_statistics, replica_share
 from hybridpar.compat.microbatch_step import own_train_step
 from hybridpar.compat.patching import Fix, register
 from hybridpar.errors import ConfigError
@@ -129,7 +129,9 @@ def one_step_on_data(model: Any, step_function: Callable[[Any], Any]) -> Callabl
     """One distributed step of ``step_function`` on a batch, compiled as ``jit_compile`` asks.
 
     Keras's ``one_step_on_data`` (``strategy.run``, then ``reduce_per_replica``),
-    except that under replicated strategies XLA compiles inside each replica.
+    except that under replicated strategies XLA compiles inside each replica and
+    a training step ends with batch norm's moving statistics averaged over the
+    replicas (``moving_statistics``).
     """
     strategy = model.distribute_strategy
     state = state_of(strategy)
@@ -146,9 +148,15 @@ def one_step_on_data(model: Any, step_function: Callable[[Any], Any]) -> Callabl
                 _count_examples_first()
                 return compiled(data)
 
+    averages_statistics = state.mode in _REPLICATED and step_function == model.train_step
+
     @tf.autograph.experimental.do_not_convert
     def one_step(data):
         outputs = strategy.run(replica_step, args=(data,))
+        if averages_statistics:
+            moving_statistics.average_copies(
+                strategy, moving_statistics.replica_local_statistics(model)
+            )
         return keras_tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
 
     traced = tf.function(one_step, reduce_retracing=True, jit_compile=whole)

@@ -34,16 +34,27 @@ def describe_sharding(policy: str, files: int | None, workers: int) -> tuple[str
     return "data", f"only {files} input file(s) for {workers} workers"
 
 
-def shard_dataset(dataset: Any, num_workers: int, policy: str) -> Any:
-    """Sets the auto-shard policy of a dataset and says which it chose (once)."""
-    if not isinstance(dataset, tf.data.Dataset):
-        return dataset
+def chosen_policy(dataset: tf.data.Dataset, num_workers: int, policy: str) -> str:
+    """``data.shard_policy`` resolved for ``dataset`` (``file``, ``data`` or ``off``),
+    said once per distinct choice."""
     chosen, why = describe_sharding(policy, input_files(dataset), num_workers)
     message = f"hybridpar: sharding the input by {chosen.upper()} over {num_workers} workers"
     message += f" ({why})."
     if message not in _said:
         _said.add(message)
         logger.info(message)
+    return chosen
+
+
+def shard_dataset(dataset: Any, num_workers: int, policy: str) -> Any:
+    """Sets the auto-shard policy of a dataset and says which it chose (once)."""
+    if not isinstance(dataset, tf.data.Dataset):
+        return dataset
+    return with_policy(dataset, chosen_policy(dataset, num_workers, policy))
+
+
+def with_policy(dataset: tf.data.Dataset, chosen: str) -> tf.data.Dataset:
+    """``dataset`` with the auto-shard option of a resolved policy."""
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = {
         "file": tf.data.experimental.AutoShardPolicy.FILE,

@@ -33,6 +33,7 @@ import tensorflow as tf
 from keras.src.losses import loss as keras_loss
 from keras.src.trainers.data_adapters import data_adapter_utils
 
+from hybridpar.data import balanced
 from hybridpar.parallel.weight_gradients import DeferredWeightGradients
 
 
@@ -84,8 +85,23 @@ def _waits_for(tensors: list[Any], structure: Any) -> Any:
         return tf.nest.map_structure(lambda t: None if t is None else tf.identity(t), structure)
 
 
-def train_step(model: keras.Model, data: Any, microbatches: int, sequential: bool) -> Any:
-    """Keras's ``train_step`` over ``microbatches`` microbatches.
+def tracked_loss(loss: tf.Tensor, rows: tf.Tensor, kept: tf.Tensor | None) -> tuple[Any, Any]:
+    """The value and weight for Keras's loss tracker of a (micro)batch's mean loss.
+
+    Keras weighs the mean by the batch's rows; with padding (``kept`` real
+    examples among ``rows``) the mean over the real examples is weighed by
+    their count, so the padding adds nothing to the reported loss.
+    """
+    unscaled = keras_loss.unscale_loss_for_distribution(loss)
+    if kept is None:
+        return unscaled, rows
+    factor = tf.math.divide_no_nan(tf.cast(rows, tf.float32), kept)
+    return unscaled * tf.cast(factor, unscaled.dtype), kept
+
+
+def train_step(model: keras.Model, data: Any, microbatches: int, sequential: bool,
+               keep: tf.Tensor | None = None) -> Any:
+    """Keras's ``train_step`` over ``microbatches`` microbatches, and over padded pieces.
 
     It follows Keras 3.15's own ``TensorFlowTrainer.train_step`` (the loss
     through ``_compute_loss``, the loss tracker, ``optimizer.scale_loss``,
@@ -98,19 +114,37 @@ def train_step(model: keras.Model, data: Any, microbatches: int, sequential: boo
         microbatches: the number of microbatches.
         sequential: run the microbatches one after another (gradient
             accumulation) instead of letting the stages overlap them.
+        keep: the replica's keep mask when its batch is a padded piece
+            (``hybridpar.data.balanced``): padding gets sample weight 0 and is
+            left out of the metrics and the loss tracker. A batch of dynamic
+            size with fewer examples than microbatches is padded the same way,
+            so that no microbatch is empty.
 
     Returns:
         The metrics, as Keras's ``train_step`` returns them.
     """
     x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+    first = _first_tensor(x)
+    if keep is None and microbatches > 1 and first.shape[0] is None:
+        keep = tf.ones([tf.shape(first)[0]])  # a final batch may hold fewer than M examples
+    if keep is not None:
+        if microbatches > 1:
+            (x, y, sample_weight, keep), extra = balanced.padded_to(
+                (x, y, sample_weight, keep), microbatches
+            )
+            keep = keep * extra
+        sample_weight = balanced.row_weighted(sample_weight, keep)
     total = tf.cast(tf.shape(_first_tensor(x))[0], tf.float32)
+    kept_total = None if keep is None else tf.reduce_sum(keep)
     weights = model.trainable_weights
     deferred = None if sequential else DeferredWeightGradients()
     accumulated: list[Any] = [None] * len(weights)
     predictions = []
     tapes = []
     previous: list[Any] = []
-    for index, (xi, yi, wi) in enumerate(split_batch((x, y, sample_weight), microbatches)):
+    for index, (xi, yi, wi, ki) in enumerate(
+        split_batch((x, y, sample_weight, keep), microbatches)
+    ):
         if previous:
             xi = _waits_for(previous, xi)
         with tf.name_scope(microbatch_scope_name(index)):
@@ -120,10 +154,14 @@ def train_step(model: keras.Model, data: Any, microbatches: int, sequential: boo
                     x=xi, y=yi, y_pred=y_pred, sample_weight=wi, training=True
                 )
                 size = tf.shape(_first_tensor(xi))[0]
-                model._loss_tracker.update_state(
-                    keras_loss.unscale_loss_for_distribution(loss), sample_weight=size
+                value, weight = tracked_loss(
+                    loss, size, None if ki is None else tf.reduce_sum(ki)
                 )
-                loss = loss * tf.cast(tf.cast(size, tf.float32) / total, loss.dtype)
+                model._loss_tracker.update_state(value, sample_weight=weight)
+                share = tf.math.divide_no_nan(
+                    tf.cast(size, tf.float32), total if kept_total is None else kept_total
+                )
+                loss = loss * tf.cast(share, loss.dtype)
                 if model.optimizer is not None:
                     loss = model.optimizer.scale_loss(loss)
             if deferred is None:
@@ -143,4 +181,6 @@ def train_step(model: keras.Model, data: Any, microbatches: int, sequential: boo
     if weights:
         model.optimizer.apply_gradients(zip(accumulated, weights, strict=True))
     y_pred = tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *predictions)
+    if keep is not None:
+        y, y_pred, sample_weight = balanced.kept_rows((y, y_pred, sample_weight), keep)
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)

@@ -42,7 +42,10 @@ class StagedExtended:
 
     def _call_for_each_replica(self, fn: Any, args: Any, kwargs: Any) -> Any:
         if not isinstance(fn, def_function.Function):  # a tf.function is traced per replica
-            fn = replica_share.weighted_by_share(fn, self._hybridpar_state().global_batch_size)
+            state = self._hybridpar_state()
+            fn = replica_share.weighted_by_share(
+                fn, state.global_batch_size, guard_empty=state.mode == "multi_worker"
+            )
         return super()._call_for_each_replica(fn, args, kwargs)
 
 

@@ -1,8 +1,8 @@
 """hybridpar's MultiWorkerMirroredStrategy: synchronous training across the workers of a cluster.
 
 Besides the mirrored strategies' behaviour (stage placement, replica shares,
-own collective keys), it shards each dataset over the workers by
-``data.shard_policy`` and, when this process already joined the cluster
+own collective keys, balanced batches), it shards each dataset over the
+workers by ``data.shard_policy`` and, when this process already joined the cluster
 (``cluster_join``), joins the running server instead of restarting it
 (``compat.collective_restart``).
 """
@@ -17,7 +17,7 @@ from tensorflow.python.distribute.collective_all_reduce_strategy import (
     CollectiveAllReduceExtended,
 )
 
-from hybridpar.compat import collective_keys, collective_restart
+from hybridpar.compat import collective_keys, collective_restart, even_batches
 from hybridpar.config import StrategyConfig
 from hybridpar.data import sharding
 from hybridpar.errors import ConfigError
@@ -73,9 +73,20 @@ class HybridMultiWorkerMirroredStrategy(OwnedStrategy, tf.distribute.MultiWorker
 
     def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
         state = self.hybridpar_state
-        workers = state.cluster.num_workers if state.cluster is not None else 1
-        sharded = sharding.shard_dataset(dataset, workers, state.config.data.shard_policy)
-        return super().experimental_distribute_dataset(sharded, options)
+        if not isinstance(dataset, tf.data.Dataset):
+            return super().experimental_distribute_dataset(dataset, options)
+        cluster = state.cluster
+        workers = cluster.num_workers if cluster is not None else 1
+        policy = sharding.chosen_policy(dataset, workers, state.config.data.shard_policy)
+        worker = even_batches.WorkerInput(
+            worker_id=cluster.worker_id if cluster is not None else 0,
+            num_workers=workers,
+            policy=policy,
+        )
+        return even_batches.distribute_evenly(
+            self, sharding.with_policy(dataset, policy), options,
+            super().experimental_distribute_dataset, worker,
+        )
 
 
 def build(state: StrategyState) -> HybridMultiWorkerMirroredStrategy:

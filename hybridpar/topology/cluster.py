@@ -100,6 +100,22 @@ class ClusterInfo:
         return Task(self.task_type, self.task_index)
 
     @property
+    def worker_id(self) -> int:
+        """This training task's position among the training tasks, the chief first.
+
+        It is TensorFlow's ``multi_worker_util.id_in_cluster``: the replicas of
+        worker ``i`` are the ``i``-th group of the strategy's replicas.
+
+        Raises:
+            ValueError: on a task that does not train (ps, evaluator).
+        """
+        if self.task_type == "chief":
+            return 0
+        if self.task_type != "worker":
+            raise ValueError(f"Task {self.task} does not train, so it has no worker id.")
+        return self.task_index + (1 if "chief" in self.jobs else 0)
+
+    @property
     def is_chief(self) -> bool:
         """True for the chief task, or worker 0 when the cluster has no chief."""
         if "chief" in self.jobs:

@@ -1,0 +1,64 @@
+"""Assertions the equivalence and model-zoo tests share: weights, mirrored copies, twins.
+
+Imported by test modules as ``import model_checks`` (this folder is on the test path,
+like ``launch_helpers``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+
+
+def max_weight_difference(left: list[np.ndarray], right: list[np.ndarray]) -> float:
+    """The largest absolute difference between two models' weight lists."""
+    assert len(left) == len(right), f"{len(left)} weights against {len(right)}"
+    return max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+               for a, b in zip(left, right, strict=True))
+
+
+def copy_spread(model: keras.Model) -> float:
+    """The largest difference between the per-device copies of any of ``model``'s variables
+    (0.0 when every mirrored variable holds one value)."""
+    spread = 0.0
+    for variable in model.variables:
+        copies = getattr(variable.value, "values", None)
+        if not copies or len(copies) < 2:
+            continue
+        first = np.asarray(copies[0].numpy(), dtype=np.float64)
+        spread = max(spread, *(float(np.max(np.abs(np.asarray(c.numpy(), np.float64) - first),
+                                            initial=0.0)) for c in copies[1:]))
+    return spread
+
+
+def batch_norm_statistics_finite(model: keras.Model) -> bool:
+    """True when every batch-norm moving mean and variance of ``model`` is finite."""
+    statistics = [
+        v for layer in model._flatten_layers(include_self=False)
+        if isinstance(layer, keras.layers.BatchNormalization)
+        for v in (layer.moving_mean, layer.moving_variance)
+    ]
+    assert statistics, "the model has no batch-norm layer"
+    return all(np.isfinite(np.asarray(v)).all() for v in statistics)
+
+
+def single_device_twin(build: Callable[[], keras.Model], model: keras.Model,
+                       compile_kwargs: dict[str, Any] | None = None) -> keras.Model:
+    """A model built by ``build`` outside any strategy, holding ``model``'s weights."""
+    twin = build()
+    twin.set_weights(model.get_weights())
+    if compile_kwargs is not None:
+        twin.compile(**compile_kwargs)
+    return twin
+
+
+def assert_outputs_close(actual: Any, expected: Any, atol: float) -> None:
+    """Every array of two (nested) prediction outputs agrees within ``atol``, same shapes."""
+    actual_flat, expected_flat = keras.tree.flatten(actual), keras.tree.flatten(expected)
+    assert len(actual_flat) == len(expected_flat)
+    for a, e in zip(actual_flat, expected_flat, strict=True):
+        assert np.shape(a) == np.shape(e), f"shape {np.shape(a)} against {np.shape(e)}"
+        np.testing.assert_allclose(a, e, atol=atol, rtol=0)
