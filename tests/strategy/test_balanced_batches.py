@@ -134,7 +134,7 @@ class OwnStep(keras.Model):
         with tf.GradientTape() as tape:
             loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
         gradients = tape.gradient(loss, self.trainable_variables)
-        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables, strict=True))
         return {"loss": loss}
 
 
