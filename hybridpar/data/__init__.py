@@ -2,8 +2,9 @@
 
 ``tfds`` loads prepared TensorFlow Datasets splits by name from a ``data_dir``
 and generates the embedded data sets (``builders``) locally; ``inspect``
-reads a ``tf.data`` graph (batched? how many files? Python ops?) without
-reading data; ``sharding`` applies ``data.shard_policy`` across workers.
+reads what a ``tf.data`` pipeline is (batched? how many files? Python ops?)
+from its structure (``dataset_structure``) without reading or copying data;
+``sharding`` applies ``data.shard_policy`` across workers.
 
 Importing this package is cheap: TensorFlow Datasets is imported on first
 use.

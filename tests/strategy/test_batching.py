@@ -1,6 +1,8 @@
-"""Reading a tf.data pipeline's batching from its graph (hybridpar.data.inspect)."""
+"""Reading a tf.data pipeline's batching (hybridpar.data.inspect), and training on what it reads."""
 
-import keras  # noqa: F401  (Keras's array adapter below)
+import gc
+
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -47,3 +49,30 @@ def test_is_batched(make, batched, digits_data_dir):
 def test_static_batch_size():
     assert static_batch_size(slices().batch(5, drop_remainder=True)) == 5
     assert static_batch_size(slices().batch(5)) is None
+
+
+@pytest.mark.slow
+def test_an_unbatched_dataset_over_2_gb_is_batched_and_trains():
+    """Serializing this dataset's graph fails past protobuf's 2 GB and used to read as batched."""
+    rows = 2**31 // 4096 + 20_000  # 2.2 GB of float32 rows of 1024
+    features = tf.ones((rows, 1024))  # made by TensorFlow: one copy, no numpy one beside it
+    options = tf.data.Options()  # tf.data's own graph rewrites would copy the 2.2 GB in C++
+    options.experimental_optimization.apply_default_optimizations = False
+    options.autotune.enabled = False
+    options.experimental_warm_start = False
+    dataset = tf.data.Dataset.from_tensor_slices((features, tf.zeros((rows, 1))))
+    dataset = dataset.with_options(options)
+    assert not is_batched(dataset)
+    with hybridpar.scope({"data_parallel": {"mode": "mirrored"}, "data": {"global_batch_size": 8}}):
+        model = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    steps = []
+    history = model.fit(dataset, steps_per_epoch=2, shuffle=False, verbose=0, callbacks=[
+        keras.callbacks.LambdaCallback(on_train_batch_end=lambda step, logs: steps.append(step))])
+    replicas = model.distribute_strategy.num_replicas_in_sync
+    iterations = int(model.optimizer.iterations.numpy())
+    loss = history.history["loss"]
+    del dataset, features, model, history
+    gc.collect()
+    assert (replicas, iterations, steps, len(loss)) == (4, 2, [0, 1], 1)
+    assert np.isfinite(loss[0])
