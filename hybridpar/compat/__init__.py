@@ -60,6 +60,7 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     staged_variables,
     step_loop,
     symbolic_build,
+    sync_batch_norm,
     unbatched_input,
     weight_gradient_split,
     xla_replicas,

@@ -10,7 +10,10 @@ seed, (b) costs an extra iterator (prefetch fill) per call, and (c) raises
 under MultiWorkerMirroredStrategy, where reducing a nested PerReplica batch
 fails (keras-team/keras#20585). The symbolic build needs only shapes and
 dtypes, which the distributed dataset's ``element_spec`` already has; models
-under a strategy hybridpar built use it.
+under a strategy hybridpar built use it. The same spec shows a model input
+built with a fixed batch size that the replicas' batches do not have, which
+is refused there, before the first step, instead of failing in one
+replica's graph.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from typing import Any
 
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
+from keras.src.trainers.data_adapters import data_adapter_utils
 
 from hybridpar.compat.patching import Fix, Patch, register
 from hybridpar.data import balanced
-from hybridpar.state import state_of
+from hybridpar.errors import ConfigError
+from hybridpar.state import StrategyState, state_of
 
 
 def _per_replica_spec(spec: Any) -> Any:
@@ -32,17 +37,58 @@ def _per_replica_spec(spec: Any) -> Any:
     return value_specs[0] if value_specs else spec
 
 
+def _input_name(tensor: Any) -> str:
+    history = getattr(tensor, "_keras_history", None)
+    return history[0].name if history else getattr(tensor, "name", "input")
+
+
+def check_fixed_batch(model: Any, specs: Any, state: StrategyState) -> None:
+    """Refuses a model input built with a batch size the replicas' batches do not have.
+
+    Raises:
+        ConfigError: naming the input, the batch each replica gets and the fix.
+    """
+    replicas = model.distribute_strategy.num_replicas_in_sync
+    if replicas == 1:
+        return
+    x_spec = data_adapter_utils.unpack_x_y_sample_weight(specs)[0]
+    leading = {s.shape[0] for s in tf.nest.flatten(x_spec) if getattr(s, "shape", None)}
+    per_replica = leading.pop() if len(leading) == 1 else None
+    try:
+        inputs = list(model.inputs or [])
+    except AttributeError:  # a subclassed model has no symbolic inputs
+        inputs = []
+    for tensor in inputs:
+        fixed = tensor.shape[0]
+        if fixed is None or fixed == per_replica:
+            continue
+        gets = (f"{per_replica} examples" if per_replica is not None else
+                "a varying number of examples (the batch size is not fixed: a smaller final "
+                "batch, or batches split in balanced pieces)")
+        shape = tuple(tensor.shape[1:])
+        raise ConfigError(
+            f"The model's input {_input_name(tensor)!r} has a fixed batch size of {fixed} "
+            f"(keras.Input(shape={shape}, batch_size={fixed})), but under "
+            f"data_parallel.mode={state.mode!r} each of the {replicas} replicas gets its own "
+            f"part of every global batch: {gets}. Build the input without a batch size "
+            f"(keras.Input(shape={shape})), or feed global batches of {fixed * replicas} "
+            f"examples with drop_remainder=True so that every replica gets exactly {fixed}."
+        )
+
+
 def _from_specs(original: Any) -> Any:
     @functools.wraps(original)
     def maybe_symbolic_build(self, iterator=None, data_batch=None):
         dataset = getattr(iterator, "_distributed_dataset", None)
-        if state_of(self._distribute_strategy) is None or dataset is None:
+        state = state_of(self._distribute_strategy)
+        if state is None or dataset is None:
             return original(self, iterator=iterator, data_batch=data_batch)
         specs = tf.nest.map_structure(
             _per_replica_spec, dataset.element_spec, expand_composites=False
         )
         if isinstance(specs, balanced.ReplicaBatch):  # a balanced piece (even_batches)
             specs = specs.data
+        check_fixed_batch(self, specs, state)
         with self.distribute_strategy.scope():
             self._symbolic_build(data_batch=specs)
 

@@ -6,7 +6,7 @@
 ``model_parallel.stages: 2`` and keeps it alive, so every fix it needs stays
 installed. Then both modes train the same two models and save their weights:
 a hand-built ``tf.distribute.MirroredStrategy`` on a file-backed dataset with
-a partial last batch, and a model with an ``Embedding`` outside any strategy.
+a partial last batch (a batch-norm model; its evaluate and predict figures too), and a model with an ``Embedding`` outside any strategy.
 tests/strategy/test_compat_scoping.py checks they are equal bit for bit.
 """
 
@@ -48,9 +48,12 @@ with tempfile.TemporaryDirectory() as directory:
     dataset = upstream_keras.file_dataset(directory)
     with strategy.scope():
         mirrored = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                                     keras.layers.BatchNormalization(),
                                      keras.layers.Dense(1)])
         mirrored.compile(keras.optimizers.Adam(0.05), "mse")
     mirrored.fit(dataset, epochs=2, verbose=0)
+    figures = mirrored.evaluate(dataset, verbose=0)
+    predicted = mirrored.predict(dataset.map(lambda x, y: x), verbose=0)
 
 keras.utils.set_random_seed(2)
 ids = np.random.default_rng(0).integers(0, 50, size=(64, 3))
@@ -63,4 +66,4 @@ eager = embedded(ids[:5]).numpy()
 
 arrays = {f"mirrored_{i}": w for i, w in enumerate(mirrored.get_weights())}
 arrays |= {f"embedded_{i}": w for i, w in enumerate(embedded.get_weights())}
-np.savez(OUT, eager=eager, **arrays)
+np.savez(OUT, eager=eager, figures=figures, predicted=predicted, **arrays)

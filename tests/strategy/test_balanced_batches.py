@@ -165,3 +165,17 @@ def test_microbatches_of_a_padded_piece_are_padded_too():
     difference = model_checks.max_weight_difference(single.get_weights(),
                                                     accumulated.get_weights())
     assert difference <= 1e-5, f"max abs weight difference {difference:.3g}"
+
+
+@pytest.mark.parametrize("examples", [64, 66], ids=["static-8-per-replica", "varying"])
+def test_an_input_with_a_fixed_batch_size_is_refused_before_the_first_step(examples):
+    with hybridpar.scope(MIRRORED):
+        model = keras.Sequential([keras.Input((8,), batch_size=32), keras.layers.Dense(3)])
+        model.compile("sgd", COMPILE["loss"])
+    gets = "8 examples" if examples == 64 else "a varying number of examples"
+    with pytest.raises(hybridpar.ConfigError, match=(
+            r"input 'input_layer.*' has a fixed batch size of 32 \(keras.Input\(shape=\(8,\), "
+            rf"batch_size=32\)\), but under data_parallel.mode='mirrored' each of the 4 "
+            rf"replicas gets .*{gets}.*Build the input without a batch size")):
+        model.fit(X[:examples], Y[:examples], batch_size=32, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 0

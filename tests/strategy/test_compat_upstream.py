@@ -78,8 +78,8 @@ def test_batches_are_split_evenly_and_a_cnn_trains(tmp_path):
         batches = list(hs.strategy.experimental_distribute_dataset(dataset))
         model = upstream_keras.conv_model()
         model.compile("sgd", "mse")
-    splits = [[int(v.shape[0]) for v in hs.strategy.experimental_local_results(x)]
-              for x, _ in batches]
+    splits = [[int(v.shape[0]) for v in hs.strategy.experimental_local_results(piece.data[0])]
+              for piece in batches]
     assert splits == [[4, 4, 4, 4], [1, 1, 1, 1]]
     history = model.fit(dataset, epochs=2, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
