@@ -6,7 +6,8 @@
 ``model_parallel.stages: 2`` and keeps it alive, so every fix it needs stays
 installed. Then both modes train the same two models and save their weights:
 a hand-built ``tf.distribute.MirroredStrategy`` on a file-backed dataset with
-a partial last batch (a batch-norm model; its evaluate and predict figures too), and a model with an ``Embedding`` outside any strategy.
+a partial last batch (a batch-norm model; its evaluate and predict figures too),
+and a model with an ``Embedding`` outside any strategy.
 tests/strategy/test_compat_scoping.py checks they are equal bit for bit.
 """
 
