@@ -22,10 +22,10 @@ import hybridpar  # joins the TF_CONFIG cluster before the first TensorFlow op
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # tests/ (model_checks)
 
-import keras  # noqa: E402
-import model_checks  # noqa: E402
-import tensorflow as tf  # noqa: E402
-import zoo_models  # noqa: E402  (beside this file)
+import keras
+import model_checks
+import tensorflow as tf
+import zoo_models
 
 BATCH = zoo_models.BATCH
 EXAMPLES = 2 * BATCH + 1  # 2 replicas: a final batch of 1 is split 1 and one padded replica
