@@ -1,8 +1,8 @@
 """Keras's own tests give the same results after hybridpar was used and left in the process.
 
 The test modules shipped in the installed keras wheel for the TensorFlow
-backend's distribution and optimizer, the trainer, core layers, models,
-callbacks, optimizers and saving run twice in fresh processes: once plain, once
+backend's distribution and optimizer, the trainer, core layers, batch normalization,
+models, callbacks, optimizers and saving run twice in fresh processes: once plain, once
 with ``hybridpar_was_used`` (every hybridpar fix installed, a staged strategy
 alive). Each test must end the same way in both. Modules that need JAX,
 PyTorch or Orbax are skipped by name.
@@ -33,6 +33,7 @@ MODULES = [
     "layers/core/lambda_layer_test.py",
     "layers/core/masking_test.py",
     "layers/core/wrapper_test.py",
+    "layers/normalization/batch_normalization_test.py",
     "models/model_test.py",
     "models/sequential_test.py",
     "models/functional_test.py",

@@ -5,7 +5,9 @@
 Records every patched attribute before hybridpar builds anything, then which
 groups of fixes are installed while a staged strategy, a ``hybridpar.stage()``
 block and the parameter-server and runner holds exist, after they are gone, and after
-``hybridpar.compat.uninstall()``. tests/strategy/test_compat_scoping.py reads it.
+``hybridpar.compat.uninstall()``. The staged model has a synchronized batch norm: its
+all-reduces must not keep the strategy (and so the fixes) alive either.
+tests/strategy/test_compat_scoping.py reads it.
 """
 
 import gc
@@ -44,6 +46,7 @@ def staged_fit() -> tuple:
               "model_parallel": {"stages": 2, "placement": {"^second$": 1}}}
     with hybridpar.scope(config) as hs:
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="first"),
+                                  keras.layers.BatchNormalization(synchronized=True),
                                   keras.layers.Dense(1, name="second")])
         model.compile("sgd", "mse")
     model.fit(np.ones((8, 4)), np.ones((8, 1)), batch_size=8, epochs=1, verbose=0)

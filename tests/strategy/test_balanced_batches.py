@@ -179,3 +179,17 @@ def test_an_input_with_a_fixed_batch_size_is_refused_before_the_first_step(examp
             rf"replicas gets .*{gets}.*Build the input without a batch size")):
         model.fit(X[:examples], Y[:examples], batch_size=32, verbose=0)
     assert int(model.optimizer.iterations.numpy()) == 0
+
+
+def test_an_empty_piece_becomes_one_zero_example_of_weight_zero():
+    empty = balanced.ReplicaBatch(
+        (tf.zeros([0, 3]), tf.constant([], tf.string),
+         tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int32), tf.zeros([0], tf.int64))),
+        tf.zeros([0]))
+    features, names, ragged = balanced.zero_row_if_empty(empty).data
+    assert balanced.zero_row_if_empty(empty).keep.numpy().tolist() == [0.0]
+    assert features.numpy().tolist() == [[0.0, 0.0, 0.0]]
+    assert names.numpy().tolist() == [b""]
+    assert ragged.to_list() == [[]]
+    full = balanced.ReplicaBatch((tf.ones([2, 3]),), tf.ones([2]))
+    assert balanced.zero_row_if_empty(full).data[0].numpy().tolist() == [[1.0] * 3] * 2

@@ -6,9 +6,7 @@ If an upstream assertion starts failing, upstream changed and the fix should be
 revisited.
 """
 
-import gc
 import pathlib
-import weakref
 
 import keras
 import model_checks
@@ -78,17 +76,14 @@ def fit_conv_bn(mode: str, synchronized: bool) -> tuple[keras.Model, hybridpar.H
 
 
 @pytest.mark.slow
-def test_synchronized_batch_norm_trains_like_one_device_and_releases_its_strategy():
+def test_synchronized_batch_norm_trains_like_one_device():
+    """(That it keeps no strategy alive is checked in a fresh process: compat_lifecycle.py.)"""
     single, _ = fit_conv_bn("none", synchronized=True)
     mirrored, hs = fit_conv_bn("mirrored", synchronized=True)
     assert hs.num_replicas == 4  # 8 examples per replica: statistics over all 32
     difference = model_checks.max_weight_difference(single.get_weights(), mirrored.get_weights())
     assert difference <= 1e-5, f"max abs weight difference {difference:.3g}"
     assert model_checks.copy_spread(mirrored) == 0.0
-    alive = weakref.ref(hs.strategy)
-    del mirrored, hs
-    gc.collect()
-    assert alive() is None, "a trained synchronized batch norm kept hybridpar's strategy alive"
 
 
 @pytest.mark.slow

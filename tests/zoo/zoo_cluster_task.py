@@ -8,6 +8,7 @@ against the same weights on one device, batch-norm statistics, and, with ``--mix
 epoch of an MLP under ``mixed_float16`` and ``mixed_bfloat16`` against its reference.
 
     python zoo_cluster_task.py --out DIR --models MobileNetV2,BertTextClassifier [--mixed]
+        [--uneven_files DIR]  (DIR holds the files of write_uneven_files)
 """
 
 import argparse
@@ -123,12 +124,49 @@ def mixed_precision(hs: hybridpar.HybridStrategy) -> dict:
     return found
 
 
+def write_uneven_files(directory: pathlib.Path) -> list[str]:
+    """Two record files of 20 and 4 images: with file sharding over 2 workers the second
+    worker's input ends 4 steps before the first's."""
+    rng = np.random.default_rng(10)
+    paths = []
+    for index, count in enumerate((20, 4)):
+        path = directory / f"images-{index}.tfrecord"
+        with tf.io.TFRecordWriter(str(path)) as writer:
+            for image in rng.uniform(0, 1, (count, 8, 8, 3)).astype("float32"):
+                writer.write(tf.io.serialize_tensor(image).numpy())
+        paths.append(str(path))
+    return paths
+
+
+def uneven_files(hs: hybridpar.HybridStrategy, paths: list[str]) -> dict:
+    """A conv + batch-norm model on file-sharded records whose workers run out unevenly."""
+    def parse(record):
+        image = tf.ensure_shape(tf.io.parse_tensor(record, tf.float32), (8, 8, 3))
+        return image, tf.reduce_mean(image)
+
+    dataset = tf.data.Dataset.from_tensor_slices(paths).interleave(
+        tf.data.TFRecordDataset).map(parse).batch(8)
+    keras.utils.set_random_seed(11)
+    with hs.scope():
+        model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3),
+                                  keras.layers.BatchNormalization(), keras.layers.Flatten(),
+                                  keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+    history = model.fit(dataset, epochs=1, verbose=0)
+    return {"steps": int(model.optimizer.iterations.numpy()),
+            "loss": [float(v) for v in history.history["loss"]],
+            "batch_norm_finite": model_checks.batch_norm_statistics_finite(model),
+            "weights_sum": float(sum(np.sum(np.abs(w), dtype=np.float64)
+                                     for w in model.get_weights()))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--models", default="")
     parser.add_argument("--mixed", action="store_true")
     parser.add_argument("--partitioner_shards", type=int, default=0)
+    parser.add_argument("--uneven_files", default="", help="a directory for record files")
     flags = parser.parse_args()
     config = {}
     if flags.partitioner_shards:
@@ -138,9 +176,13 @@ def main() -> None:
         pass
     report = {"mode": hs.mode, "num_replicas": hs.num_replicas, "models": {}}
     for name in filter(None, flags.models.split(",")):
-        report["models"][name] = row(zoo_models.MODELS[name], hs)
+        report["models"][name] = row(zoo_models.ALL_MODELS[name], hs)
     if flags.mixed:
         report["mixed"] = mixed_precision(hs)
+    if flags.uneven_files:
+        directory = pathlib.Path(flags.uneven_files)
+        paths = sorted(str(p) for p in directory.glob("*.tfrecord"))
+        report["uneven_files"] = uneven_files(hs, paths)
     task = os.environ.get("HYBRIDPAR_TASK", "single").replace(":", "-").split("@")[0]
     out = pathlib.Path(flags.out)
     out.mkdir(parents=True, exist_ok=True)
