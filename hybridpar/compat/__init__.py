@@ -9,12 +9,14 @@ one exists) and registers a ``patching.Fix``. Two kinds:
   ``replica_all_reduce``, the parameter-server chief's own steps
   ``ps_chief`` and its cluster without the evaluator ``ps_evaluator_job``,
   the training loops ``step_loop`` and ``xla_replicas`` that
-  ``optional_outputs`` builds for owned models): they act only on strategies
-  hybridpar built, by construction;
+  ``optional_outputs`` builds for owned models, and the batch-norm
+  statistics those average, ``moving_statistics``): they act only on
+  strategies hybridpar built, by construction;
 - patches of Keras/TensorFlow attributes (``symbolic_build``,
   ``replica_share``, ``gradient_all_reduce``, ``metric_reduction``,
   ``unbatched_input``, ``chief_files``, ``microbatch_step``, ``legacy_keras``,
-  ``gradient_compression``, ``optional_outputs``, ``padded_steps``, the stage hooks
+  ``gradient_compression``, ``optional_outputs``, ``padded_steps``, ``sync_batch_norm``,
+  the stage hooks
   ``stage_marks``/``stage_calls``/``stage_gradients``/``weight_gradient_split``, and the
   parameter-server fixes ``shard_views``, ``sharded_embedding``,
   ``sharded_numpy``, ``atomic_updates``, and ``runner_routing``, which sends

@@ -61,7 +61,7 @@ def mlp(batch_norm: bool = False) -> keras.Model:
     layers = [keras.Input((8,)), keras.layers.Dense(16, activation="relu")]
     if batch_norm:
         layers.append(keras.layers.BatchNormalization())
-    return keras.Sequential([*layers, keras.layers.Dense(3)])
+    return keras.Sequential([*layers, keras.layers.Dense(3, name="dense_out")])
 
 
 COMPILE = {
@@ -86,12 +86,17 @@ def fit(config: dict, examples: int, source: str, build=mlp, epochs: int = 2) ->
     return model
 
 
+HYBRID = {"data_parallel": {"mode": "mirrored"},
+          "model_parallel": {"stages": 2, "placement": {"^dense_out$": 1}, "microbatches": 2}}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("examples, source", [(66, "numpy"), (70, "tf.data")],
-                         ids=["66-numpy-padded", "70-tfdata-uneven"])
-def test_partial_batches_train_evaluate_and_predict_like_one_device(examples, source):
+@pytest.mark.parametrize("config, examples, source", [
+    (MIRRORED, 66, "numpy"), (MIRRORED, 70, "tf.data"), (HYBRID, 66, "tf.data")],
+    ids=["mirrored-66-numpy-padded", "mirrored-70-tfdata-uneven", "2x2-microbatches-66"])
+def test_partial_batches_train_evaluate_and_predict_like_one_device(config, examples, source):
     single = fit({"data_parallel": {"mode": "none"}}, examples, source)
-    mirrored = fit(MIRRORED, examples, source)
+    mirrored = fit(config, examples, source)
     difference = model_checks.max_weight_difference(single.get_weights(),
                                                     mirrored.get_weights())
     assert difference <= 1e-5, f"max abs weight difference {difference:.3g}"
