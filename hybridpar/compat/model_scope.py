@@ -3,15 +3,15 @@
 Upstream (Keras 3.15): tf_keras's ``compile`` refused a built model whose
 variables were not created in the current strategy's scope ("Variable ...
 was not created in the distribution strategy scope"); Keras 3 dropped the
-check. A model built before ``hybridpar.scope()`` and compiled inside it
-holds plain variables: ``fit`` after the block trains it on one device, as
-if no strategy existed, and ``fit`` inside the block fails with a bare
-``AssertionError``; an optimizer created outside fails with "Mixing
-different tf.distribute.Strategy objects". On a parameter-server chief such
-a model's variables are on ``/job:localhost``, which connecting to the
-cluster removed (``compat.local_job``): ``fit``, ``evaluate`` and
-``predict`` fail with "Client for target /job:localhost/replica:0/task:0 not
-found".
+check. A model built before a strategy's scope and compiled inside it holds
+plain variables, and ``fit`` fails with a bare ``AssertionError``, as it does
+for one compiled outside and fit inside the block. An optimizer created
+outside keeps the strategy current at its creation (none), and one with slots
+(Adam) fails in ``fit`` with "Mixing different tf.distribute.Strategy
+objects". On a parameter-server chief a model built before the scope has its
+variables on ``/job:localhost``, which connecting to the cluster removed
+(``compat.local_job``): ``fit``, ``evaluate`` and ``predict`` fail with
+"Client for target /job:localhost/replica:0/task:0 not found".
 
 Restored for hybridpar's strategies, as ``ConfigError``s that name the model
 and the order that works: ``compile`` inside a hybridpar scope and ``fit``
@@ -81,9 +81,11 @@ def _check_optimizer(optimizer: Any, strategy: tf.distribute.Strategy) -> None:
         raise ConfigError(
             f"The optimizer {optimizer.name!r} given to model.compile was created outside "
             f"hybridpar.scope(): its variable {foreign[0].path} is not the strategy's, and "
-            "training would fail with 'Mixing different tf.distribute.Strategy objects'. "
-            "Create the optimizer inside the scope (`optimizer=keras.optimizers.Adam(...)` in "
-            "the compile call there), or pass its name (`optimizer='adam'`)."
+            "Keras keeps the strategy that was current when an optimizer was created, so its "
+            "updates would not run under hybridpar's (with slots, as Adam's, fit fails with "
+            "'Mixing different tf.distribute.Strategy objects'). Create the optimizer inside "
+            "the scope (`optimizer=keras.optimizers.Adam(...)` in the compile call there), or "
+            "pass its name (`optimizer='adam'`)."
         )
 
 
