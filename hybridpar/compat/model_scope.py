@@ -31,15 +31,16 @@ from typing import Any
 import keras
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
+from keras.src.trainers import trainer as keras_trainer
 
 from hybridpar.compat.local_job import LOCALHOST, connected_job, stranded
 from hybridpar.compat.patching import Fix, Patch, register
 from hybridpar.errors import ConfigError
 from hybridpar.state import state_of
 
-_ORDER = ("Build and compile the model inside the scope: `with hybridpar.scope(config): "
-          "model = build_model(); model.compile(...)`; datasets and callbacks may be made "
-          "before it.")
+_ORDER = ("Build and compile the model, and any layer it reuses, inside the scope: `with "
+          "hybridpar.scope(config): model = build_model(); model.compile(...)`; datasets and "
+          "callbacks may be made before it.")
 
 
 def _value(variable: Any) -> Any:
@@ -58,18 +59,25 @@ def _foreign(variables: list[Any], strategy: tf.distribute.Strategy) -> list[Any
 
 
 def _check_created_in_scope(model: Any, strategy: tf.distribute.Strategy, call: str) -> None:
-    """Raises ConfigError when ``model`` has variables ``strategy`` did not create."""
-    if getattr(model, "_distribute_strategy", None) is strategy or not _distributes(strategy):
-        return  # a model constructed in the scope: Keras noted the strategy then
+    """Raises ConfigError when ``model`` has variables ``strategy`` did not create.
+
+    ``compile`` reads every variable, so a model assembled in the scope from
+    layers built before it (a pretrained base) is caught there; ``fit``, which
+    may run at every ``train_on_batch``, trusts a model constructed in the scope.
+    """
+    if not _distributes(strategy) or (
+        call != "compile" and getattr(model, "_distribute_strategy", None) is strategy
+    ):
+        return
     foreign = _foreign(model.variables, strategy)
     if foreign:
         names = ", ".join(v.path for v in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise ConfigError(
-            f"Model {model.name!r} was built outside hybridpar.scope(), so it cannot train "
-            f"under data_parallel.mode={state_of(strategy).mode!r} (found at model.{call}): "
-            f"its variables ({names}) are plain variables on {_value(foreign[0]).device}, not "
-            "the strategy's. TensorFlow distributes only variables created inside the "
-            f"strategy's scope (tf_keras refused this at compile; Keras 3 does not check). {_ORDER}"
+            f"Model {model.name!r} holds variables created outside hybridpar.scope() "
+            f"({names}: plain variables on {_value(foreign[0]).device}), so it cannot train "
+            f"under data_parallel.mode={state_of(strategy).mode!r} (found at model.{call}). "
+            "TensorFlow distributes only variables created inside the strategy's scope (tf_keras "
+            f"refused this at compile; Keras 3 does not check). {_ORDER}"
         )
 
 
@@ -137,7 +145,9 @@ FIX = register(Fix(
              "with a graph error",
     group="core",
     patches=(
-        Patch(keras_tf_trainer.TensorFlowTrainer, "compile", _checked_compile),
+        # On the class that defines it: load_model compiles a model only when
+        # `type(model).compile` is `Trainer.compile` (compile_from_config).
+        Patch(keras_trainer.Trainer, "compile", _checked_compile),
         Patch(keras_tf_trainer.TensorFlowTrainer, "make_train_function",
               _checked_step("fit")),
         Patch(keras_tf_trainer.TensorFlowTrainer, "make_test_function",

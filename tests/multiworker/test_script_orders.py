@@ -31,7 +31,7 @@ EPOCHS, STEPS, VALIDATION_STEPS, BATCH = 2, 6, 3, 64  # as in the script
 INPUTS = ("tfdata_first", "tfdata_after", "tfds_first", "tfds_after", "numpy")
 LAUNCH = {"multi_worker": ["--workers", "2"],
           "parameter_server": ["--workers", "1", "--ps", "1", "--evaluator"]}
-BUILT_OUTSIDE = "ConfigError: Model 'digits_mlp' was built outside hybridpar.scope()"
+BUILT_OUTSIDE = "ConfigError: Model 'digits_mlp' holds variables created outside hybridpar.scope()"
 
 
 def run(command: list[str], launch: list[str] | None = None) -> subprocess.CompletedProcess:

@@ -23,7 +23,7 @@ Y = X.sum(axis=1, keepdims=True)
 
 
 def model(name: str) -> keras.Model:
-    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)], name=name)
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, name="dense")], name=name)
 
 
 @pytest.mark.slow
@@ -40,12 +40,23 @@ def test_compile_inside_the_scope_names_the_model_built_outside():
     outside = model("built_outside")
     with hybridpar.scope(MIRRORED), pytest.raises(
         hybridpar.ConfigError,
-        match=r"Model 'built_outside' was built outside hybridpar.scope\(\), so it cannot "
-              r"train under data_parallel.mode='mirrored' \(found at model.compile\): its "
-              r"variables \(built_outside/dense/kernel, built_outside/dense/bias\) are plain "
-              r"variables on .*CPU:0.*Build and compile the model inside the scope",
+        match=r"Model 'built_outside' holds variables created outside hybridpar.scope\(\) "
+              r"\(built_outside/dense/kernel, built_outside/dense/bias: plain variables on "
+              r".*CPU:0\), so it cannot train under data_parallel.mode='mirrored' \(found at "
+              r"model.compile\).*Build and compile the model, and any layer it reuses, inside",
     ):
         outside.compile("sgd", "mse")
+
+
+def test_a_model_assembled_in_the_scope_from_a_base_built_outside_is_refused_at_compile():
+    base = model("pretrained_base")
+    with hybridpar.scope(MIRRORED):
+        assembled = keras.Sequential([base, keras.layers.Dense(1)], name="assembled")
+        with pytest.raises(hybridpar.ConfigError,
+                           match=r"Model 'assembled' holds variables created outside "
+                                 r"hybridpar.scope\(\) \(pretrained_base/dense/kernel, "
+                                 r"pretrained_base/dense/bias:"):
+            assembled.compile("sgd", "mse")
 
 
 def test_fit_inside_the_scope_is_refused_and_evaluate_predict_give_one_device_figures():
@@ -83,3 +94,16 @@ def test_under_mode_none_a_model_built_outside_trains_and_plain_keras_is_untouch
     assert patching.is_installed(model_scope.FIX) and alive.mode == "mirrored"
     plain.fit(X, Y, batch_size=8, verbose=0)  # outside every scope: Keras's own path
     assert outside.optimizer.iterations.numpy() == plain.optimizer.iterations.numpy() == 4
+
+
+def test_load_model_still_compiles_the_model_it_loads(tmp_path):
+    """Keras compiles a loaded model only if its class's compile is Trainer.compile."""
+    saved = model("saved")
+    saved.compile("sgd", "mse")
+    saved.save(tmp_path / "saved.keras")
+    with hybridpar.scope(MIRRORED) as alive:
+        pass
+    assert patching.is_installed(model_scope.FIX) and alive.mode == "mirrored"
+    loaded = keras.models.load_model(tmp_path / "saved.keras")
+    assert loaded.compiled
+    assert loaded.evaluate(X, Y, verbose=0) == pytest.approx(saved.evaluate(X, Y, verbose=0))
