@@ -141,8 +141,8 @@ def _checked_step(call: str) -> Any:
 FIX = register(Fix(
     name="model_scope",
     corrects="Keras 3 does not check that a model's variables belong to the strategy it "
-             "trains under: a model built outside the scope trains undistributed or fails "
-             "with a graph error",
+             "trains under: a model built outside the scope fails in fit with a bare "
+             "AssertionError (unknown devices on a parameter-server chief)",
     group="core",
     patches=(
         # On the class that defines it: load_model compiles a model only when
