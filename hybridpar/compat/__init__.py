@@ -7,7 +7,8 @@ one exists) and registers a ``patching.Fix``. Two kinds:
   ``even_batches``, ``collective_restart``, ``staged_variables``, the
   per-replica hook of ``replica_share``, the leak-free all-reduce of
   ``replica_all_reduce``, the parameter-server chief's own steps
-  ``ps_chief`` and its cluster without the evaluator ``ps_evaluator_job``,
+  ``ps_chief``, its cluster without the evaluator ``ps_evaluator_job`` and
+  its datasets made before it connected ``local_job``,
   the training loops ``step_loop`` and ``xla_replicas`` that
   ``optional_outputs`` builds for owned models, and the batch-norm
   statistics those average, ``moving_statistics``): they act only on
@@ -16,7 +17,7 @@ one exists) and registers a ``patching.Fix``. Two kinds:
   ``replica_share``, ``gradient_all_reduce``, ``metric_reduction``,
   ``unbatched_input``, ``chief_files``, ``microbatch_step``, ``legacy_keras``,
   ``gradient_compression``, ``optional_outputs``, ``padded_steps``, ``sync_batch_norm``,
-  the stage hooks
+  ``model_scope`` (models built outside the scope), the stage hooks
   ``stage_marks``/``stage_calls``/``stage_gradients``/``weight_gradient_split``, and the
   parameter-server fixes ``shard_views``, ``sharded_embedding``,
   ``sharded_numpy``, ``atomic_updates``, and ``runner_routing``, which sends
@@ -43,8 +44,10 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     gradient_all_reduce,
     gradient_compression,
     legacy_keras,
+    local_job,
     metric_reduction,
     microbatch_step,
+    model_scope,
     moving_statistics,
     optional_outputs,
     padded_steps,

@@ -14,7 +14,10 @@ on the workers. hybridpar's path, learnt from tf_keras's
   updates on the parameter servers), joins at each epoch's end, then reports
   the metrics, validates and calls the Keras callbacks on the chief;
 * ``evaluate``/``predict`` (and validation) run on the chief, reading the
-  variables from the parameter servers;
+  variables from the parameter servers; a dataset created before
+  ``hybridpar.scope()`` connected the chief is moved to the chief's device
+  first (``compat.local_job``), so the order of TensorFlow's tutorials (data
+  first) works;
 * variables split by ``parameter_server.partitioner`` are
   ``ShardedVariable``s; gradients are taken against their shards and the
   optimizer keeps one slot per shard, on that shard's ps
@@ -42,8 +45,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 from keras.src.callbacks import callback_list as keras_callback_list
+from keras.src.trainers.data_adapters import data_adapter_utils
 
-from hybridpar.compat import ps_chief, runner_routing
+from hybridpar.compat import local_job, ps_chief, runner_routing
 from hybridpar.compat.atomic_updates import atomic_updates
 from hybridpar.compat.shard_views import shard_views
 from hybridpar.data import inspect
@@ -198,6 +202,25 @@ def _naming_lost_ps(cluster: ClusterInfo) -> Iterator[None]:
         raise
 
 
+def _validation_input(validation_data: Any) -> tuple[Any, Any, Any] | None:
+    """``(x, y, sample_weight)`` of ``validation_data`` (arrays or a dataset, as in Keras),
+    with a dataset where the chief can iterate it."""
+    if validation_data is None:
+        return None
+    x, y, weight = data_adapter_utils.unpack_x_y_sample_weight(validation_data)
+    return local_job.dataset_on_chief(x, "The validation dataset (validation_data)"), y, weight
+
+
+def _on_chief(args: tuple, kwargs: dict, call: str) -> tuple[tuple, dict]:
+    """The ``x`` of an ``evaluate``/``predict`` call, where the chief can iterate it."""
+    role = f"The dataset given to model.{call}"
+    if args:
+        return (local_job.dataset_on_chief(args[0], role), *args[1:]), kwargs
+    if "x" in kwargs:
+        return args, {**kwargs, "x": local_job.dataset_on_chief(kwargs["x"], role)}
+    return args, kwargs
+
+
 def _callback_list(model, callbacks, verbose, epochs, steps) -> keras.callbacks.CallbackList:
     if isinstance(callbacks, keras.callbacks.CallbackList):
         return callbacks
@@ -246,10 +269,10 @@ class ParameterServerRunner:
             {"validation_split": validation_split, "class_weight": class_weight,
              "sample_weight": sample_weight},
         )
+        validation = _validation_input(validation_data)
         state = model.distribute_strategy.hybridpar_state
         batch_size = batch_size or state.global_batch_size
-        coordinator = self.coordinator
-        per_worker = coordinator.create_per_worker_dataset(
+        per_worker = self.coordinator.create_per_worker_dataset(
             per_worker_input(x, len(self.cluster.jobs["worker"]), batch_size)
         )
         _prepare(model, per_worker.element_spec)
@@ -266,21 +289,16 @@ class ParameterServerRunner:
             for epoch in range(initial_epoch, epochs):
                 model.reset_metrics()
                 callbacks.on_epoch_begin(epoch)
-                start, first_step = first_step, 0
-                for step in range(start, steps_per_epoch):
-                    callbacks.on_train_batch_begin(step)
-                    coordinator.schedule(train_function, args=(iterator,))
-                    last = step == steps_per_epoch - 1 or model.stop_training
-                    if last:  # the epoch's last batch ends when all its steps are done
-                        coordinator.join()
-                    callbacks.on_train_batch_end(step, {})
-                    if last:
-                        break
+                self._train_epoch(model, callbacks, train_function, iterator,
+                                  range(first_step, steps_per_epoch))
+                first_step = 0
                 logs = {name: float(value) for name, value in model.get_metrics_result().items()}
-                if validation_data is not None and model._should_eval(epoch, validation_freq):
+                if validation is not None and model._should_eval(epoch, validation_freq):
+                    val_x, val_y, val_weight = validation
                     val_logs = self.evaluate(
-                        model, validation_data, batch_size=validation_batch_size or batch_size,
-                        steps=validation_steps, verbose=0, return_dict=True,
+                        model, val_x, val_y, sample_weight=val_weight,
+                        batch_size=validation_batch_size or batch_size, steps=validation_steps,
+                        verbose=0, return_dict=True,
                     )
                     logs.update({f"val_{name}": value for name, value in val_logs.items()})
                 callbacks.on_epoch_end(epoch, logs)
@@ -289,12 +307,27 @@ class ParameterServerRunner:
         callbacks.on_train_end(logs=logs)
         return model.history
 
+    def _train_epoch(self, model: keras.Model, callbacks: keras.callbacks.CallbackList,
+                     train_function: Callable, iterator: Any, steps: range) -> None:
+        """Schedules one epoch's steps; its last batch ends when all of them are done."""
+        for step in steps:
+            callbacks.on_train_batch_begin(step)
+            self.coordinator.schedule(train_function, args=(iterator,))
+            last = step == steps.stop - 1 or model.stop_training
+            if last:
+                self.coordinator.join()
+            callbacks.on_train_batch_end(step, {})
+            if last:
+                break
+
     def evaluate(self, model: keras.Model, *args: Any, **kwargs: Any) -> Any:
         """``model.evaluate`` on the chief, reading the variables from the ps tasks."""
+        args, kwargs = _on_chief(args, kwargs, "evaluate")
         with ps_chief.on_chief(model.distribute_strategy), runner_routing.keras_path():
             return model.evaluate(*args, **kwargs)
 
     def predict(self, model: keras.Model, *args: Any, **kwargs: Any) -> Any:
         """``model.predict`` on the chief, reading the variables from the ps tasks."""
+        args, kwargs = _on_chief(args, kwargs, "predict")
         with ps_chief.on_chief(model.distribute_strategy), runner_routing.keras_path():
             return model.predict(*args, **kwargs)

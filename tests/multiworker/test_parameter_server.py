@@ -80,12 +80,17 @@ def test_recommender_trains_with_its_embedding_sharded_over_both_ps(tmp_path):
         assert f"[{task}] Epoch" not in result.stdout  # only the chief trains and reports
 
 
-def test_a_dataset_is_read_by_every_worker(tmp_path):
-    result = launch(1, 2, *train_ps(tmp_path, "--input", "dataset", "--epochs", "1"))
+def test_a_dataset_is_read_by_every_worker_and_arrays_validate(tmp_path):
+    args = ("--input", "dataset", "--epochs", "1", "--validation", "arrays")
+    result = launch(1, 2, *train_ps(tmp_path, *args))
     assert result.returncode == 0, result.stderr[-4000:]
     run = chief(tmp_path)
     assert run["iterations"] == 20 and run["steps_by_worker"] == [20]
     assert run["history"]["loss"][0] > 0
+    # validation_data=(x, y) arrays, validated at the epoch's end on the final weights
+    for name in ("loss", "accuracy"):
+        assert run["history"][f"val_{name}"] == [
+            pytest.approx(run["val_evaluation"][name], rel=1e-5)]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -32,6 +32,8 @@ parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--no_steps_per_epoch", action="store_true")
 parser.add_argument("--input", choices=["dataset", "fn", "generator", "arrays"], default="fn")
+parser.add_argument("--validation", choices=["dataset", "arrays"], default="dataset",
+                    help="validation_data as a tf.data dataset or as (x, y) arrays")
 parser.add_argument("--shards", type=int, default=2)
 parser.add_argument("--kill", default=None, help="task to SIGKILL in the first run, e.g. ps:1")
 parser.add_argument("--kill_at", type=int, default=30, help="global step at which to kill")
@@ -139,7 +141,17 @@ x = {
         generator, output_signature=(tf.TensorSpec([5], tf.int64), tf.TensorSpec([], tf.int64))),
     "arrays": features,
 }[args.input]
-validation = tf.data.Dataset.from_tensor_slices((features[:512], labels[:512])).batch(128)
+validation = (features[:512], labels[:512])
+if args.validation == "dataset":
+    validation = tf.data.Dataset.from_tensor_slices(validation).batch(128)
+
+
+def evaluate_validation() -> dict:
+    if args.validation == "dataset":
+        return model.evaluate(validation, return_dict=True, verbose=0)
+    return model.evaluate(*validation, batch_size=128, return_dict=True, verbose=0)
+
+
 history = model.fit(
     x,
     epochs=args.epochs,
@@ -150,7 +162,7 @@ history = model.fit(
 )
 if hs.is_evaluator:
     result = {"history": history.history, "epochs": history.epoch, "mode": hs.mode,
-              "evaluation": model.evaluate(validation, return_dict=True, verbose=0)}
+              "evaluation": evaluate_validation()}
     (args.out / f"evaluator-{RESTART}.json").write_text(json.dumps(result, indent=1))
     raise SystemExit(0)
 table = inner.get_layer("item_embedding").embeddings
@@ -166,7 +178,7 @@ result = {
     "evaluation": model.evaluate(
         tf.data.Dataset.from_tensor_slices((features, labels)).batch(256), return_dict=True,
         verbose=0),
-    "val_evaluation": model.evaluate(validation, return_dict=True, verbose=0),
+    "val_evaluation": evaluate_validation(),
     "predictions_shape": list(model.predict(features[:100], verbose=0).shape),
     "table_type": type(table.value).__name__,
     "table_shards": [[s.device, s.shape.as_list()]
