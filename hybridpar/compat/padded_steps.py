@@ -16,7 +16,9 @@ a padded piece (its ``replica_share.Share`` has a keep mask):
   metrics (the train step does the same, ``microbatch_step``);
 - ``make_predict_function`` builds Keras's predict function with each
   replica's outputs cut to its kept rows, so ``predict`` returns exactly the
-  input's rows, in order, whatever ``predict_step`` the model has.
+  input's rows, in order, whatever ``predict_step`` the model has; it is
+  traced once for any batch size (Keras's traces again for a smaller final
+  batch, a second trace of the whole model).
 
 Everything else, and every model of another strategy, runs Keras's own code.
 """
@@ -28,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python.distribute import values as distribute_values
 from keras.src import tree
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 from keras.src.trainers.data_adapters import data_adapter_utils
@@ -102,9 +105,38 @@ def predict_function(model: Any) -> Callable[[Any], Any]:
 
     function = multi_step_on_data if model.steps_per_execution > 1 else (
         one_step_on_data_distributed)
-    if not model.run_eagerly:
-        function = tf.function(function, reduce_retracing=True)
-    return function
+    if model.run_eagerly:
+        return function
+    traced = tf.function(function, reduce_retracing=True)
+
+    def predict(data):
+        if traced.experimental_get_tracing_count() == 0:
+            traced.get_concrete_function(_any_batch_size(data))
+        return traced(data)
+
+    return predict
+
+
+def _any_batch_size(data: Any) -> Any:
+    """The type specs of ``data`` with every dense tensor's leading size unknown.
+
+    Keras calls the predict function with the batch's tensors, so its first trace is
+    for the first batch's shape and a smaller final batch traces it again; traced
+    for any batch size at first, it is traced once.
+    """
+
+    def relaxed(value: Any) -> Any:
+        spec = tf.type_spec_from_value(value)
+        if isinstance(spec, tf.TensorSpec) and spec.shape.rank:
+            return tf.TensorSpec([None, *spec.shape[1:]], spec.dtype)
+        return spec
+
+    def spec_of(value: Any) -> Any:
+        if isinstance(value, distribute_values.PerReplica):
+            return distribute_values.PerReplicaSpec(*map(relaxed, value.values))
+        return relaxed(value)
+
+    return tf.nest.map_structure(spec_of, data)
 
 
 def _owned_predict_function(original: Any) -> Any:
