@@ -3,7 +3,8 @@
 Each row trains a model nobody here wrote on 34 examples in batches of 16: the final
 batch of 2 is split 1, 1 with two padded replicas. Asserted: ``fit``, ``evaluate`` and
 ``predict`` run, ``predict`` returns exactly the input's rows and equals the same
-weights' single-device ``predict``, ``evaluate`` equals theirs, a ``.keras`` save
+weights' single-device ``predict``, ``evaluate`` equals theirs (one device runs both
+on one batch of all the examples: one trace each, the same figures), a ``.keras`` save
 reloads to the same predictions, batch-norm statistics are finite with every mirrored
 copy equal, and models without batch norm train to the single-device weights.
 """
@@ -44,7 +45,8 @@ def twin_of(zoo: zoo_models.ZooModel, model: keras.Model) -> keras.Model:
     return model_checks.single_device_twin(lambda: twin, model, zoo.compile_kwargs())
 
 
-def evaluation(model: keras.Model, zoo: zoo_models.ZooModel) -> dict[str, float]:
+def evaluation(model: keras.Model, zoo: zoo_models.ZooModel, batch: int = BATCH
+               ) -> dict[str, float]:
     """``evaluate``'s figures, without a multi-output model's per-output losses.
 
     Keras weighs those (``CompileLoss``: ``sample_weight=y_pred.shape[0]``, None for a
@@ -52,7 +54,7 @@ def evaluation(model: keras.Model, zoo: zoo_models.ZooModel) -> dict[str, float]
     is a batch; the total loss and the metrics are example-weighted and compared.
     """
     x, y, weights = zoo.data(EXAMPLES)
-    figures = model.evaluate(x, y, sample_weight=weights, batch_size=BATCH, verbose=0,
+    figures = model.evaluate(x, y, sample_weight=weights, batch_size=batch, verbose=0,
                              return_dict=True)
     outputs = len(keras.tree.flatten(model.output)) if hasattr(model, "output") else 1
     return {k: v for k, v in figures.items()
@@ -77,12 +79,12 @@ def test_zoo_model_under_mirrored(name, tmp_path, record_property):
     x = zoo.data(EXAMPLES)[0]
     predicted = model.predict(x, batch_size=BATCH, verbose=0)
     twin = twin_of(zoo, model)
-    expected = twin.predict(x, batch_size=BATCH, verbose=0)
+    expected = twin.predict(x, batch_size=EXAMPLES, verbose=0)  # one batch: one trace
     model_checks.assert_outputs_close(predicted, expected, atol=TOLERANCE)
     row["predict"] = max(float(np.max(np.abs(a - e))) for a, e in zip(
         keras.tree.flatten(predicted), keras.tree.flatten(expected), strict=True))
 
-    figures, reference = evaluation(model, zoo), evaluation(twin, zoo)
+    figures, reference = evaluation(model, zoo), evaluation(twin, zoo, EXAMPLES)
     assert figures.keys() == reference.keys()
     row["evaluate"] = max(abs(figures[k] - v) / max(1.0, abs(v)) for k, v in reference.items())
     assert row["evaluate"] <= TOLERANCE, (figures, reference)  # relative beyond 1
@@ -90,6 +92,7 @@ def test_zoo_model_under_mirrored(name, tmp_path, record_property):
     path = tmp_path / f"{name}.keras"
     model.save(path)
     reloaded = keras.models.load_model(path)
-    model_checks.assert_outputs_close(reloaded.predict(x, batch_size=BATCH, verbose=0),
+    assert model_checks.max_weight_difference(reloaded.get_weights(), model.get_weights()) == 0
+    model_checks.assert_outputs_close(reloaded.predict(x, batch_size=EXAMPLES, verbose=0),
                                       expected, atol=TOLERANCE)
     record_property("zoo", row)
