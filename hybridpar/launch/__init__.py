@@ -31,25 +31,23 @@ launcher itself got SIGINT (130), SIGTERM (143) or SIGHUP (129); 127/126 when CM
 cannot be started; 2 for bad command-line input. No TensorFlow here: the package
 is plain Python.
 
-Modules: ``tasks`` (layout, environments, exit policies; pure), ``ports``
-(addresses and free ports; pure), ``output`` (lines, progress bars, console,
-task logs), ``cluster_run`` (one run and the restart loop, any engine),
-``processes`` and ``local`` (the local engine), ``ray_engine`` and ``ray_actor``
-(the Ray engine; imported only for ``--engine ray``), ``signals``, ``args`` (the
-command lines).
+Modules: ``options`` (``LaunchOptions``: one launch, every check made once
+when it is built; pure), ``tasks`` (layout, environments, exit policies; pure),
+``ports`` (addresses and free ports; pure), ``output`` (lines, progress bars,
+console, task logs), ``cluster_run`` (one run and the restart loop, any
+engine), ``processes`` and ``local`` (the local engine), ``ray_engine`` and
+``ray_actor`` (the Ray engine), ``engines`` (``run(options)`` on the engine the
+options name; Ray imported only for ``--engine ray``), ``signals``, ``args``
+(the command lines).
 """
 
 from __future__ import annotations
 
 from hybridpar.exit_codes import PREEMPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, USAGE_EXIT_CODE
-from hybridpar.launch.args import (
-    LaunchOptions,
-    main,
-    parse_launch_args,
-    tf_config_from_args,
-    tf_config_main,
-)
+from hybridpar.launch.args import main, parse_launch_args, tf_config_from_args, tf_config_main
+from hybridpar.launch.engines import run
 from hybridpar.launch.local import launch
+from hybridpar.launch.options import LaunchOptions
 from hybridpar.launch.tasks import Outcome, UsageError, task_layout
 from hybridpar.topology.cluster import Task
 
@@ -64,6 +62,7 @@ __all__ = [
     "launch",
     "main",
     "parse_launch_args",
+    "run",
     "task_layout",
     "tf_config_from_args",
     "tf_config_main",

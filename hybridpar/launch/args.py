@@ -12,23 +12,16 @@ from typing import Any, NoReturn
 
 from hybridpar.config import did_you_mean
 from hybridpar.exit_codes import TIMEOUT_EXIT_CODE, USAGE_EXIT_CODE
-from hybridpar.launch.local import launch
-from hybridpar.launch.output import CONSOLE_MODES, default_log_dir
+from hybridpar.launch import engines
+from hybridpar.launch.options import DEFAULT_CPUS_PER_TASK, DEFAULT_GPUS_PER_TASK, LaunchOptions
+from hybridpar.launch.output import default_log_dir
 from hybridpar.launch.ports import (
     DEFAULT_HOST,
     check_unique_addresses,
     parse_address,
     parse_address_list,
 )
-from hybridpar.launch.tasks import (
-    DEFAULT_GRACE,
-    LAUNCH_EXAMPLE,
-    UsageError,
-    check_launch_options,
-    make_tf_config,
-    task_layout,
-)
-from hybridpar.topology.cluster import Task
+from hybridpar.launch.tasks import DEFAULT_GRACE, LAUNCH_EXAMPLE, UsageError, make_tf_config
 
 
 class _ParserExit(Exception):
@@ -45,36 +38,6 @@ class _Parser(argparse.ArgumentParser):
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         raise _ParserExit(status, message)
-
-
-@dataclasses.dataclass(frozen=True)
-class LaunchOptions:
-    """Parsed ``hybridpar launch`` arguments."""
-
-    command: list[str]
-    workers: int
-    ps: int = 0
-    max_restarts: int = 0
-    timeout: float | None = None
-    host: str = DEFAULT_HOST
-    grace: float = DEFAULT_GRACE
-    engine: str = "local"
-    address: str | None = None
-    cpus_per_task: float | None = None
-    gpus_per_task: float | None = None
-    log_dir: str | None = None
-    console: str = "chief"
-    evaluator: bool = False
-
-    @property
-    def tasks(self) -> list[Task]:
-        """The cluster's tasks (``tasks.task_layout``), whatever the engine."""
-        return task_layout(self.workers, self.ps, self.evaluator)
-
-
-ENGINES = ("local", "ray")
-RAY_ONLY = {"address": "--address", "cpus_per_task": "--cpus-per-task",
-            "gpus_per_task": "--gpus-per-task"}
 
 
 def _launch_parser() -> _Parser:
@@ -146,9 +109,11 @@ def _launch_parser() -> _Parser:
         "start a local one",
     )
     parser.add_argument("--cpus-per-task", type=float, default=None,
-                        help="--engine ray: CPUs Ray reserves for each task (default 1)")
+                        help="--engine ray: CPUs Ray reserves for each task "
+                        f"(default {DEFAULT_CPUS_PER_TASK:g})")
     parser.add_argument("--gpus-per-task", type=float, default=None,
-                        help="--engine ray: GPUs Ray reserves for each task (default 0)")
+                        help="--engine ray: GPUs Ray reserves for each task "
+                        f"(default {DEFAULT_GPUS_PER_TASK:g})")
     parser.add_argument(
         "--grace",
         type=float,
@@ -188,34 +153,12 @@ def parse_launch_args(argv: Sequence[str]) -> LaunchOptions:
             f"missing the command to run: put it after `--`. Received: {got}. "
             f"Write e.g. {LAUNCH_EXAMPLE}."
         )
-    check_launch_options(args.workers, args.ps, args.max_restarts, args.timeout, args.grace)
-    _check_choice("--engine", args.engine, ENGINES)
-    _check_choice("--console", args.console, CONSOLE_MODES)
-    if args.engine != "ray":
-        for name, flag in RAY_ONLY.items():
-            if getattr(args, name) is not None:
-                raise UsageError(
-                    f"{flag} is for the Ray engine. Received: {flag} {getattr(args, name)} with "
-                    f"--engine {args.engine}. Add --engine ray, or drop {flag}."
-                )
-    for flag, value in (("--cpus-per-task", args.cpus_per_task),
-                        ("--gpus-per-task", args.gpus_per_task)):
-        if value is not None and not value >= 0:
-            raise UsageError(f"{flag} must be 0 or more. Received: {flag} {value:g}.")
     return LaunchOptions(
         command, args.workers, args.ps, args.max_restarts, args.timeout, args.host, args.grace,
         engine=args.engine, address=args.address, cpus_per_task=args.cpus_per_task,
         gpus_per_task=args.gpus_per_task, log_dir=args.log_dir, console=args.console,
         evaluator=args.evaluator,
     )
-
-
-def _check_choice(flag: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise UsageError(
-            f"unknown {flag} {value!r}.{did_you_mean(value, choices)} "
-            f"Choose one of: {', '.join(choices)}. Received: {flag} {value}."
-        )
 
 
 def _run_parsing(prog: str, parse: Callable[[], Any]) -> tuple[Any, int | None]:
@@ -236,23 +179,8 @@ def main(argv: list[str]) -> int:
     options, code = _run_parsing("hybridpar launch", lambda: parse_launch_args(argv))
     if code is not None:
         return code
-    log_dir = options.log_dir or str(default_log_dir())
-    if options.engine == "ray":
-        from hybridpar.launch import ray_engine
-
-        return _usage_errors(lambda: ray_engine.launch_on_ray(options, log_dir=log_dir))
-    return launch(
-        options.command,
-        options.workers,
-        options.ps,
-        evaluator=options.evaluator,
-        max_restarts=options.max_restarts,
-        timeout=options.timeout,
-        host=options.host,
-        grace=options.grace,
-        log_dir=log_dir,
-        console=options.console,
-    )
+    options = dataclasses.replace(options, log_dir=options.log_dir or str(default_log_dir()))
+    return _usage_errors(lambda: engines.run(options))
 
 
 def _usage_errors(run: Callable[[], int]) -> int:

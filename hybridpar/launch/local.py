@@ -1,4 +1,4 @@
-"""``hybridpar launch`` (the local engine): runs a command as a local cluster, restarting it."""
+"""The local engine: runs a command as a cluster of processes on this machine, restarting it."""
 
 from __future__ import annotations
 
@@ -7,23 +7,12 @@ from pathlib import Path
 from typing import IO
 
 from hybridpar.launch.cluster_run import Outputs, run_cluster
+from hybridpar.launch.options import LaunchOptions
 from hybridpar.launch.output import Console
 from hybridpar.launch.ports import DEFAULT_HOST, format_address, pick_ports
 from hybridpar.launch.processes import LocalCluster
 from hybridpar.launch.signals import SignalWatcher
-from hybridpar.launch.tasks import (
-    DEFAULT_GRACE,
-    LAUNCH_EXAMPLE,
-    UsageError,
-    check_launch_options,
-    task_layout,
-)
-
-
-def check_command(command: Sequence[str]) -> None:
-    """Raises UsageError for an empty command."""
-    if not command:
-        raise UsageError(f"no command to run. Put it after `--`, e.g. {LAUNCH_EXAMPLE}.")
+from hybridpar.launch.tasks import DEFAULT_GRACE
 
 
 def launch(
@@ -52,21 +41,39 @@ def launch(
     output whole, the other tasks' warnings and errors) or ``all``.
 
     Raises:
-        UsageError: for an empty command or counts/durations out of range.
+        UsageError: for anything ``LaunchOptions`` refuses (an empty command,
+            counts or durations out of range, an unknown console mode).
     """
-    check_command(command)
-    check_launch_options(num_workers, num_ps, max_restarts, timeout, grace)
-    tasks = task_layout(num_workers, num_ps, evaluator)
-    outputs = Outputs(Console(stdout, stderr), None if log_dir is None else Path(log_dir), console)
+    options = LaunchOptions(
+        list(command), num_workers, num_ps, max_restarts, timeout, host, grace,
+        log_dir=None if log_dir is None else str(log_dir), console=console, evaluator=evaluator,
+    )
+    return run(options, env=env, console=Console(stdout, stderr))
+
+
+def run(
+    options: LaunchOptions,
+    *,
+    env: Mapping[str, str] | None = None,
+    console: Console | None = None,
+) -> int:
+    """Runs ``options.command`` as processes on this machine; returns the exit code.
+
+    ``env`` is the tasks' base environment (``None``: this process's).
+    """
+    tasks = options.tasks
+    outputs = Outputs(console or Console(),
+                      None if options.log_dir is None else Path(options.log_dir),
+                      options.console)
     previous_ports: list[int] = []
 
     def new_run(restart: int) -> LocalCluster:
         ports = pick_ports(len(tasks), exclude=previous_ports)
         previous_ports[:] = ports
-        addresses = [format_address(host, port) for port in ports]
-        return LocalCluster(command, tasks, addresses, restart=restart, env=env,
-                            outputs=outputs, max_restarts=max_restarts)
+        addresses = [format_address(options.host, port) for port in ports]
+        return LocalCluster(options.command, tasks, addresses, restart=restart, env=env,
+                            outputs=outputs, max_restarts=options.max_restarts)
 
     with SignalWatcher() as signals:
-        return run_cluster(new_run, max_restarts=max_restarts, timeout=timeout, grace=grace,
-                           outputs=outputs, signals=signals)
+        return run_cluster(new_run, max_restarts=options.max_restarts, timeout=options.timeout,
+                           grace=options.grace, outputs=outputs, signals=signals)

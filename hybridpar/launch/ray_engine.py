@@ -32,24 +32,16 @@ import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hybridpar.launch.cluster_run import ClusterRun, Outputs, TaskStartError, run_cluster
-from hybridpar.launch.local import check_command
+from hybridpar.launch.options import LaunchOptions
 from hybridpar.launch.output import Console, TaskOutput
 from hybridpar.launch.ports import format_address
 from hybridpar.launch.ray_actor import TaskProcess
 from hybridpar.launch.signals import SignalWatcher
-from hybridpar.launch.tasks import (
-    DEFAULT_GRACE,
-    UsageError,
-    check_launch_options,
-    task_environment,
-)
+from hybridpar.launch.tasks import DEFAULT_GRACE, UsageError, task_environment
 from hybridpar.topology.cluster import Task
-
-if TYPE_CHECKING:
-    from hybridpar.launch.args import LaunchOptions
 
 RAY_INSTALL = 'pip install -e ".[ray]"'
 CONNECT_TIMEOUT_SECONDS = 30.0
@@ -136,7 +128,7 @@ def connect(options: LaunchOptions, num_tasks: int) -> None:
             probe_address(options.address)
         _init_within(ray, CONNECT_TIMEOUT_SECONDS, address=options.address, **quiet)
         return
-    cpus = max(os.cpu_count() or 1, int(num_tasks * (options.cpus_per_task or 1) + 0.999))
+    cpus = max(os.cpu_count() or 1, int(num_tasks * options.cpus + 0.999))
     ray.init(num_cpus=cpus, _node_ip_address=options.host, **quiet)
 
 
@@ -263,36 +255,33 @@ def _cluster_line(nodes: Sequence[Mapping[str, float]], options: LaunchOptions) 
     where = options.address or "a local Ray instance started for this launch"
     return (
         f"engine ray: {where} ({len(nodes)} node(s), {cpus:g} CPU(s), {gpus:g} GPU(s)); "
-        f"each task reserves {options.cpus_per_task or 1:g} CPU(s) and "
-        f"{options.gpus_per_task or 0:g} GPU(s)"
+        f"each task reserves {options.cpus:g} CPU(s) and {options.gpus:g} GPU(s)"
     )
 
 
-def launch_on_ray(
+def run(
     options: LaunchOptions,
     *,
-    log_dir: str | None = None,
     env: Mapping[str, str] | None = None,
     console: Console | None = None,
 ) -> int:
     """Runs ``options.command`` as a cluster of Ray actors; returns the exit code.
 
+    ``env`` is where the forwarded variables come from (``None``: this process's).
+
     Raises:
         UsageError: Ray missing, an unreachable ``--address``, resources the
             cluster does not have, or actors Ray cannot place in time.
     """
-    check_command(options.command)
-    check_launch_options(options.workers, options.ps, options.max_restarts, options.timeout,
-                         options.grace)
     tasks = options.tasks
-    cpus, gpus = options.cpus_per_task or 1.0, options.gpus_per_task or 0.0
+    cpus, gpus = options.cpus, options.gpus
     connect(options, len(tasks))
     ray = import_ray()
     try:
         nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
         check_resources(nodes, len(tasks), cpus, gpus)
-        outputs = Outputs(console or Console(), Path(log_dir) if log_dir else None,
-                          options.console)
+        outputs = Outputs(console or Console(),
+                          Path(options.log_dir) if options.log_dir else None, options.console)
         outputs.console.info(_cluster_line(nodes, options))
         remote = ray.remote(max_restarts=0)(TaskProcess)
         forwarded = forwarded_environment(os.environ if env is None else env)

@@ -231,28 +231,3 @@ def check_counts(num_workers: int, num_ps: int = 0) -> None:
             f"--ps must be 0 or more. Received: --ps {num_ps}. Omit --ps for a worker-only "
             f"cluster, or pass --ps 1 or more for parameter-server mode."
         )
-
-
-def check_launch_options(
-    num_workers: int,
-    num_ps: int,
-    max_restarts: int,
-    timeout: float | None,
-    grace: float = DEFAULT_GRACE,
-) -> None:
-    """Raises UsageError for counts or durations ``launch`` cannot use."""
-    check_counts(num_workers, num_ps)
-    if max_restarts < 0:
-        raise UsageError(
-            f"--max-restarts must be 0 or more. Received: --max-restarts {max_restarts}. "
-            f"Use 0 (the default) to never restart."
-        )
-    if timeout is not None and not timeout > 0:
-        raise UsageError(
-            f"--timeout must be a positive number of seconds. Received: --timeout {timeout:g}. "
-            f"Omit --timeout to wait without a limit."
-        )
-    if not grace >= 0:
-        raise UsageError(f"--grace must be 0 or more seconds. Received: --grace {grace:g}.")
-
-

@@ -27,6 +27,7 @@ from launch_helpers import (
 
 from hybridpar import exit_codes
 from hybridpar.launch import args, local, ports, processes, tasks
+from hybridpar.launch.options import DEFAULT_CPUS_PER_TASK, LaunchOptions
 from hybridpar.launch.tasks import Outcome, UsageError
 from hybridpar.topology import cluster
 from hybridpar.topology.cluster import Task, parse_tf_config
@@ -202,6 +203,31 @@ def test_ignored_sighup_stays_ignored_but_sigint_is_always_handled():
 def test_launch_function_refuses_empty_command():
     with pytest.raises(UsageError, match="no command to run"):
         local.launch([], 2)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"workers": 0}, r"--workers must be at least 1\. Received: --workers 0"),
+    ({"max_restarts": -1}, r"--max-restarts must be 0 or more"),
+    ({"timeout": 0.0}, r"--timeout must be a positive number"),
+    ({"console": "cheif"}, r"unknown --console 'cheif'\. Did you mean \"chief\"\?"),
+    ({"engine": "rya"}, r"unknown --engine 'rya'\. Did you mean \"ray\"\?"),
+    ({"cpus_per_task": 2.0}, r"--cpus-per-task is for the Ray engine\. Received: "
+                             r"--cpus-per-task 2\.0 with --engine local"),
+    ({"engine": "ray", "gpus_per_task": -1.0}, r"--gpus-per-task must be 0 or more"),
+])
+def test_launch_options_are_checked_when_built_whatever_the_way_in(kwargs, match):
+    """The flags and ``hybridpar.launch.launch(...)`` meet the same checks, made once."""
+    with pytest.raises(UsageError, match=match):
+        LaunchOptions(**{"command": ["python", "t.py"], "workers": 2, **kwargs})
+
+
+def test_ray_reservations_default_in_one_place():
+    local_options = LaunchOptions(["python"], 1)
+    ray_options = LaunchOptions(["python"], 1, engine="ray", cpus_per_task=0.5)
+    assert (local_options.cpus, local_options.gpus) == (DEFAULT_CPUS_PER_TASK, 0.0)
+    assert (ray_options.cpus, ray_options.gpus) == (0.5, 0.0)
+    help_text = " ".join(args._launch_parser().format_help().split())
+    assert f"(default {DEFAULT_CPUS_PER_TASK:g})" in help_text
 
 
 # --------------------------------------------------------------------------- tf-config
