@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -111,20 +112,29 @@ def test_embedded_features(digits_dir):
     images = np.stack(images)
     assert images.dtype == np.uint8 and images.shape == (1500, 8, 8, 1)
     assert images.min() == 0 and images.max() == 255
-    # Rescaled from sklearn's 0..16: every value is round(k * 255 / 16).
+    # Rescaled from the source's 0..16: every value is round(k * 255 / 16).
     allowed = {round(k * 255 / 16) for k in range(17)}
     assert set(np.unique(images).tolist()) <= allowed
     assert sorted(set(np.asarray(labels).tolist())) == list(range(10))
 
 
-def test_features_match_sklearn(digits_dir):
-    from sklearn.datasets import load_digits
-
-    ref = load_digits()
+def test_features_match_the_source_file(digits_dir):
+    pixels, labels = digits.source_arrays()
     for ex in data.load_tfds("hybridpar_digits", "test", digits_dir).as_numpy_iterator():
         i = int(ex["id"])
-        assert ex["label"] == ref.target[i]
-        np.testing.assert_array_equal(ex["image"][..., 0], np.round(ref.images[i] * 255 / 16))
+        assert ex["label"] == labels[i]
+        np.testing.assert_array_equal(ex["image"][..., 0], np.round(pixels[i] * 255 / 16))
+
+
+def test_the_shipped_source_is_load_digits():
+    """The file is scikit-learn's ``load_digits`` data, as fingerprinted from scikit-learn 1.9.1."""
+    pixels, labels = digits.source_arrays()
+    assert pixels.shape == (1797, 8, 8) and pixels.min() == 0 and pixels.max() == 16
+    assert np.bincount(labels).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+    assert hashlib.sha256(pixels.astype(np.uint8).tobytes()).hexdigest() == (
+        "8f26b2bd9d135c256808f68f14fdabddde6d9c7f869ae419704b051f0f14b3b3")
+    assert hashlib.sha256(labels.tobytes()).hexdigest() == (
+        "a3c91c262eddcf7ba8f0e37507c30284493c9b20412ffe4af30d536401f7ba21")
 
 
 def test_second_load_does_not_rebuild(digits_dir, caplog):
