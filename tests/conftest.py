@@ -24,6 +24,7 @@ def pytest_configure(config: pytest.Config) -> None:
     hybridpar.testing.use_logical_cpus(LOGICAL_CPUS)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`make test` runs two workers), every Ray test goes to one worker,
     so the session starts one Ray cluster."""
@@ -32,6 +33,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("ray"):
             item.add_marker(pytest.mark.xdist_group("ray"))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Fails the run when xdist dropped the Ray group (it did with pytest 9.2)."""
+    on_worker = hasattr(session.config, "workerinput")  # the controller collects nothing
+    if not on_worker or session.config.getoption("dist", "no") != "loadgroup":
+        return
+    lost = [item.nodeid for item in session.items
+            if item.get_closest_marker("ray") and not item.nodeid.endswith("@ray")]
+    if lost:
+        raise pytest.UsageError(
+            f"pytest-xdist did not put {lost[0]} in the 'ray' group (pytest "
+            f"{pytest.__version__}): each worker would start its own Ray cluster. Install the "
+            "pinned versions: pip install -c requirements/constraints.txt -e '.[test,ray]'."
+        )
 
 
 @pytest.fixture(scope="session")
