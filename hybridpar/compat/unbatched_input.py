@@ -1,11 +1,21 @@
-"""A dataset of single examples is batched where Keras counts an epoch's steps.
+"""Where Keras counts an epoch's steps: single examples are batched, per-worker files counted.
 
 Upstream (Keras 3.15, ``TFEpochIterator``): Keras counts the steps of an
-epoch from the dataset it is given, before the strategy sees it, so a dataset
-of single examples has to be batched where ``fit``/``evaluate``/``predict``
-(and validation data) enter, for the progress bar to count the real steps.
-hybridpar batches it by ``data.global_batch_size`` there, for strategies it
-built; batched datasets pass unchanged.
+epoch from the dataset it is given, before the strategy sees it. So:
+
+- a dataset of single examples has to be batched where ``fit``/``evaluate``/
+  ``predict`` (and validation data) enter, for the progress bar to count the
+  real steps: hybridpar batches it by ``data.global_batch_size`` there, for
+  strategies it built; batched datasets pass unchanged;
+- under ``multi_worker`` with ``file`` or ``off`` sharding each worker steps
+  through the pieces of its own batches, which is not the dataset's number of
+  batches (2 workers, 2 files of 148 and 149 examples in batches of 64: 5
+  batches, but each worker takes 6 steps of 32, 32, 32, 32, 10 and 10 or 11):
+  Keras would stop at 5 and leave 20 examples out of ``evaluate`` and
+  ``predict``. hybridpar hands Keras the dataset with its count unknown there
+  (a ``filter`` that keeps every element), so the epoch ends when every
+  worker's data has ended (the strategy agrees on it), and Keras learns the
+  count from the first epoch.
 """
 
 from __future__ import annotations
@@ -17,9 +27,9 @@ import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
 from hybridpar.compat.patching import Fix, Patch, register
-from hybridpar.data import inspect
+from hybridpar.data import inspect, sharding
 from hybridpar.errors import ConfigError
-from hybridpar.state import state_of
+from hybridpar.state import StrategyState, state_of
 
 
 def _batched(original: Any) -> Any:
@@ -34,10 +44,28 @@ def _batched(original: Any) -> Any:
                     "data.global_batch_size is null, so hybridpar cannot batch it. Set "
                     "data.global_batch_size, or batch the dataset yourself."
                 )
-            kwargs["x"] = x.batch(state.global_batch_size)
+            kwargs["x"] = x = x.batch(state.global_batch_size)
+        if (state is not None and kwargs.get("steps_per_epoch") is None
+                and _steps_are_per_worker(state, x)):
+            kwargs["x"] = x.filter(_every_element)  # a dataset of unknown cardinality
         original(self, distribute_strategy, *args, **kwargs)
 
     return __init__
+
+
+def _every_element(*_: Any) -> tf.Tensor:
+    return tf.constant(True)
+
+
+def _steps_are_per_worker(state: StrategyState, dataset: Any) -> bool:
+    """True when each worker of a multi-worker strategy steps through its own files."""
+    cluster = state.cluster
+    if state.mode != "multi_worker" or cluster is None or cluster.num_workers < 2:
+        return False
+    if not isinstance(dataset, tf.data.Dataset):
+        return False
+    policy = sharding.chosen_policy(dataset, cluster.num_workers, state.config.data.shard_policy)
+    return policy != "data"
 
 
 FIX = register(Fix(

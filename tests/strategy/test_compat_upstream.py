@@ -45,10 +45,18 @@ def test_upstream_partial_batch_is_misweighted():
 
 
 @pytest.mark.slow
-def test_upstream_empty_replica_breaks_fused_conv():
+def test_upstream_final_batch_leaves_a_cnn_replicas_empty():
+    """TensorFlow's rebatch gives the final batch of 4 to one replica of 4.
+
+    What an empty replica then does to a fused convolution depends on the kernel
+    oneDNN picks for the CPU: on some machines it fails ("input depth must be
+    evenly divisible by filter depth"), on others it runs; the zoo's MobileNetV2
+    reproduction (test_compat_upstream_models.py) fails on both.
+    """
     result = run_upstream("conv_on_empty_replica")
     assert result["last_split"] == [4, 0, 0, 0]
-    assert "input depth must be evenly divisible by filter depth" in result["outcome"]
+    outcome = result["outcome"]
+    assert outcome == "ok" or "input depth must be evenly divisible by filter depth" in outcome
 
 
 @pytest.mark.slow
