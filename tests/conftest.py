@@ -27,12 +27,23 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`make test` runs two workers), every Ray test goes to one worker,
-    so the session starts one Ray cluster."""
+    so the session starts one Ray cluster, and the longest tests are handed out first (the
+    zoo's CNNs and the Keras suite, minutes each, left last made the run wait on one worker).
+    """
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
         if item.get_closest_marker("ray"):
             item.add_marker(pytest.mark.xdist_group("ray"))
+    items.sort(key=_start_order)  # stable: the same order on every worker
+
+
+LONGEST_FIRST = ("zoo", "keras_suite", "multiworker", "ray")
+
+
+def _start_order(item: pytest.Item) -> int:
+    return next((rank for rank, marker in enumerate(LONGEST_FIRST)
+                 if item.get_closest_marker(marker)), len(LONGEST_FIRST))
 
 
 @pytest.hookimpl(trylast=True)
