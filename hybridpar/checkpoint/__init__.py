@@ -1,11 +1,16 @@
 """Training checkpoints that survive crashes, preemption and topology changes.
 
 A checkpoint is a directory ``<dir>/ckpt-<optimizer step, 8 digits>/``
-holding ``state.npz`` (every model, optimizer and metric variable) and
-``manifest.json`` (step, epoch, batch, data position, config, topology,
-variable specs, size and SHA-256). ``files`` is the format (numpy only),
-``model_state`` captures and restores models, ``callback`` is
-``PeriodicCheckpoint``, ``preemption`` saves on SIGTERM.
+holding every model, optimizer and metric variable in TensorFlow's
+tensor-bundle format (``state.index``, one ``state.data-*`` file per task
+that holds variables) and ``manifest.json`` (step, epoch, batch, data
+position, config, topology, variable specs, each file's size and SHA-256).
+``manifest`` holds the format's pure rules, ``storage`` the file access
+(any ``tf.io.gfile`` filesystem), ``files`` the directories, ``layout`` and
+``tensor_io`` the variables and their reads and writes per task,
+``model_state`` captures and restores models, ``coordination`` has every
+worker restore the chief's choice, ``callback`` is ``PeriodicCheckpoint``,
+``preemption`` saves on SIGTERM, ``export`` writes Keras weights files.
 
 Public functions: ``latest(dir)``, ``list_checkpoints(dir)``, ``verify(path)``,
 ``restore(model, dir_or_checkpoint)``, ``save(model, dir, ...)``.

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from hybridpar.checkpoint import files, model_state, preemption
+from hybridpar.checkpoint import (
+    coordination,
+    files,
+    model_state,
+    preemption,
+    remote_hashing,
+    storage,
+)
 from hybridpar.checkpoint.writer import BackgroundWriter
 from hybridpar.config import CheckpointConfig
 from hybridpar.errors import ConfigError
@@ -103,7 +109,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             )
         self.state = _state_from(hybrid)
         self.config = config
-        self.directory = Path(config.dir)
+        self.directory = storage.location(config.dir)
         self.writes = self.state is None or self.state.is_chief
         if self.writes:
             files.ensure_writable(self.directory)
@@ -124,7 +130,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             )
         self.restored: files.Found | None = None
         self._own_watcher: Any = None
-        self.saved: list[Path] = []
+        self.saved: list[Any] = []
         self.writer = BackgroundWriter()
         self._reset_position()
 
@@ -137,7 +143,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self._skip_calls = self._skip_extra = 0
         self._last_saved = -1
         self._original_train_function: Any = None
-        self._pending_metrics: dict[str, Any] | None = None
+        self._pending_metrics: Any = None
         self._epoch_save_pending = False
         self._watcher: Any = None
         self._initial_batch = 0
@@ -269,16 +275,27 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 
         self.model.train_function = train_function
 
+    def _choose(self) -> files.Found | None:
+        """The checkpoint to restore: the chief's choice on every worker (``coordination``)."""
+        state = self.state
+        cluster = state.cluster if state is not None else None
+        coordinated = (not self.asynchronous and cluster is not None
+                       and cluster.num_workers > 1)
+        return coordination.choose(
+            self.directory, coordinated=coordinated, is_chief=self.writes,
+            task=str(cluster.task) if cluster is not None else "",
+            deep=not self.asynchronous)  # the ps check their own reads (CRC32C)
+
     def _restore(self) -> None:
-        found = files.latest(self.directory)
+        found = self._choose()
         if found is None:
             logger.info("hybridpar: no checkpoint in %s yet; training from the start.",
                         self.directory)
             return
         model_state.ensure_built(self.model)
-        arrays = files.read_arrays(found.path)
-        if model_state.apply(self.model, found.path, found.manifest, arrays, metrics=False):
-            self._pending_metrics = arrays  # Keras resets metrics when the epoch begins
+        values = model_state.reader(found.path, found.manifest)
+        if model_state.apply(self.model, found.path, found.manifest, values, metrics=False):
+            self._pending_metrics = values  # Keras resets metrics when the epoch begins
         self.restored = found
         if self.asynchronous:
             self._restore_asynchronous(found)
@@ -336,7 +353,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             "global_batch_size": state.global_batch_size,
         }
 
-    def save(self, reason: str = "periodic", wait: bool = False) -> Path | None:
+    def save(self, reason: str = "periodic", wait: bool = False) -> Any:
         """Saves a checkpoint of the current step (on every worker; the chief writes).
 
         Args:
@@ -369,17 +386,29 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             "config": self.state.config.to_dict() if self.state is not None else None,
             "topology": self._topology(),
         }
-        arrays, manifest = model_state.snapshot(self.model, data, extra=extra)
+        if self.writes:
+            self.writer.wait()  # one snapshot alive at a time
+        pieces, manifest = model_state.snapshot(self.model, data, extra=extra,
+                                                writes=self.writes)
         self._last_saved = step
         if not self.writes:
             return None
-        path = self.writer.submit(self.directory, arrays, manifest, self.keep)
+        directory, hasher = self.directory, self._hasher()
+
+        def write() -> None:
+            model_state.write(directory, pieces, manifest, hasher)
+
+        path = self.writer.submit(self.directory, step, write, self.keep)
         self.saved.append(path)
         if wait:
             self.writer.wait()
         return path
 
-    def checkpoints(self) -> list[Path]:
+    def _hasher(self) -> Any:
+        """In parameter-server mode each ps hashes the files it wrote (``remote_hashing``)."""
+        return remote_hashing.Requester(self.directory) if self.asynchronous else None
+
+    def checkpoints(self) -> list[Any]:
         """Complete checkpoints in this directory, oldest first (after the write in flight)."""
         self.writer.wait()
         return files.list_checkpoints(self.directory)

@@ -1,4 +1,4 @@
-"""Watching a checkpoint directory for new checkpoints, as the evaluator task does (numpy only).
+"""Watching a checkpoint directory for new checkpoints, as the evaluator task does.
 
 The chief writes ``ckpt-<step>`` directories (atomically) into
 ``checkpoint.dir``, deletes all but the newest ``checkpoint.keep`` and, when
@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import tensorflow as tf
 
-from hybridpar.checkpoint import files
+from hybridpar.checkpoint import files, storage, tensor_io
 from hybridpar.errors import CheckpointDamagedError, ConfigError
 
 logger = logging.getLogger("hybridpar")
@@ -51,13 +52,27 @@ class Event:
         return files.step_of(self.path)
 
 
-def read(path: Path) -> Event:
-    """One checkpoint as an ``Event``: read whole, or why it cannot be."""
+def _load(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A checkpoint's manifest and model weights as host arrays (either format)."""
+    manifest = files.read_manifest(path)
+    if manifest["format"] == files.FORMAT:
+        return files.load(path)
+    files.check_files(path, manifest)
     try:
-        manifest, arrays = files.load(path)
+        return manifest, tensor_io.arrays_of(path, manifest["variables"], ["model"])
+    except tf.errors.OpError as err:
+        raise CheckpointDamagedError(f"{path}: {err.message.splitlines()[0]}") from None
+
+
+def read(path: Path) -> Event:
+    """One checkpoint as an ``Event``: its weights read whole, or why they cannot be."""
+    try:
+        manifest, arrays = _load(path)
     except FileNotFoundError:
         return Event("deleted", path)
     except CheckpointDamagedError as err:
+        if not storage.isdir(path):
+            return Event("deleted", path)
         return Event("damaged", path, reason=str(err))
     return Event("checkpoint", path, manifest, arrays)
 

@@ -30,10 +30,10 @@ from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.distribute import values as distribute_values
 from keras.src import tree
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 from keras.src.trainers.data_adapters import data_adapter_utils
+from tensorflow.python.distribute import values as distribute_values
 
 from hybridpar.compat import replica_share
 from hybridpar.compat.patching import Fix, Patch, register
