@@ -13,10 +13,25 @@ worker restore the chief's choice, ``callback`` is ``PeriodicCheckpoint``,
 ``preemption`` saves on SIGTERM, ``export`` writes Keras weights files.
 
 Public functions: ``latest(dir)``, ``list_checkpoints(dir)``, ``verify(path)``,
-``restore(model, dir_or_checkpoint)``, ``save(model, dir, ...)``.
+``restore(model, dir_or_checkpoint)``, ``save(model, dir, ...)``,
+``export_weights(checkpoint, model, "model.weights.h5")``. Those that need
+TensorFlow are imported on first use, so the format's pure modules stay light.
 """
 
-from hybridpar.checkpoint.files import Found, latest, list_checkpoints, verify
-from hybridpar.checkpoint.model_state import restore, save, save_position
+import importlib
+from typing import Any
 
-__all__ = ["Found", "latest", "list_checkpoints", "restore", "save", "save_position", "verify"]
+from hybridpar.checkpoint.files import Found, latest, list_checkpoints, verify
+
+__all__ = ["Found", "export_weights", "latest", "list_checkpoints", "restore", "save",
+           "save_position", "verify"]
+
+_LAZY = {"restore": "model_state", "save": "model_state", "save_position": "model_state",
+         "export_weights": "export"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module = importlib.import_module(f"hybridpar.checkpoint.{_LAZY[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module 'hybridpar.checkpoint' has no attribute {name!r}")

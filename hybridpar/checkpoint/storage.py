@@ -1,14 +1,15 @@
 """File access for checkpoints on any filesystem TensorFlow knows (``tf.io.gfile``).
 
-Local paths go through ``os`` (so writes can be fsynced); a path with a URL
-scheme (``ram://``, ``gs://``, ``s3://``, ``hdfs://``) through ``tf.io.gfile``.
+Local paths go through ``os`` (so writes can be fsynced, and TensorFlow is
+not imported: the evaluator's watcher and the format's tests stay light); a
+path with a URL scheme (``ram://``, ``gs://``, ``s3://``, ``hdfs://``)
+through ``tf.io.gfile``.
 Paths are strings or ``os.PathLike``; a local one comes back as a ``Path``,
 a URL as a ``str`` (``pathlib`` would fold ``ram://x`` into ``ram:/x``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
@@ -17,14 +18,27 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import tensorflow as tf
-
 from hybridpar.errors import ConfigError
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 CHUNK = 1 << 22
 
 Location = Path | str
+
+
+def _tf() -> Any:
+    import tensorflow as tf  # only for URL paths
+
+    return tf
+
+
+def _gfile() -> Any:
+    return _tf().io.gfile
+
+
+def _missing(err: BaseException) -> bool:
+    """True for a file that does not exist, locally or on a TensorFlow filesystem."""
+    return isinstance(err, FileNotFoundError) or type(err).__name__ == "NotFoundError"
 
 
 def scheme(path: str | os.PathLike) -> str | None:
@@ -58,8 +72,9 @@ def check_scheme(path: str | os.PathLike, key: str = "checkpoint.dir") -> None:
     found = scheme(path)
     if found is None or found == "file":
         return
+    tf = _tf()
     try:
-        tf.io.gfile.exists(os.fspath(path))
+        _gfile().exists(os.fspath(path))
     except tf.errors.UnimplementedError:
         known = ", ".join(sorted(set(_registered()) - {""})) or "none"
         raise ConfigError(
@@ -80,13 +95,13 @@ def _registered() -> list[str]:
 
 def exists(path: str | os.PathLike) -> bool:
     if scheme(path):
-        return tf.io.gfile.exists(os.fspath(path))
+        return _gfile().exists(os.fspath(path))
     return os.path.exists(path)
 
 
 def isdir(path: str | os.PathLike) -> bool:
     if scheme(path):
-        return tf.io.gfile.isdir(os.fspath(path))
+        return _gfile().isdir(os.fspath(path))
     return os.path.isdir(path)
 
 
@@ -94,15 +109,19 @@ def listdir(path: str | os.PathLike) -> list[str]:
     """Names in a directory (``[]`` when it does not exist)."""
     try:
         if scheme(path):
-            return [n.rstrip("/") for n in tf.io.gfile.listdir(os.fspath(path))]
+            return [n.rstrip("/") for n in _gfile().listdir(os.fspath(path))]
         return os.listdir(path)
-    except (FileNotFoundError, NotADirectoryError, tf.errors.NotFoundError):
+    except (FileNotFoundError, NotADirectoryError):
         return []
+    except Exception as err:
+        if _missing(err):
+            return []
+        raise
 
 
 def makedirs(path: str | os.PathLike) -> None:
     if scheme(path):
-        tf.io.gfile.makedirs(os.fspath(path))
+        _gfile().makedirs(os.fspath(path))
     else:
         os.makedirs(path, exist_ok=True)
 
@@ -110,7 +129,7 @@ def makedirs(path: str | os.PathLike) -> None:
 def rename(source: str | os.PathLike, target: str | os.PathLike) -> None:
     """Renames a file or directory (atomic on POSIX; a copy on object stores)."""
     if scheme(source):
-        tf.io.gfile.rename(os.fspath(source), os.fspath(target), overwrite=True)
+        _gfile().rename(os.fspath(source), os.fspath(target), overwrite=True)
     else:
         os.replace(source, target)
 
@@ -118,8 +137,11 @@ def rename(source: str | os.PathLike, target: str | os.PathLike) -> None:
 def rmtree(path: str | os.PathLike) -> None:
     """Removes a directory tree, ignoring one that is already gone."""
     if scheme(path):
-        with contextlib.suppress(tf.errors.NotFoundError):
-            tf.io.gfile.rmtree(os.fspath(path))
+        try:
+            _gfile().rmtree(os.fspath(path))
+        except Exception as err:
+            if not _missing(err):
+                raise
     else:
         shutil.rmtree(path, ignore_errors=True)
 
@@ -128,27 +150,30 @@ def remove(path: str | os.PathLike) -> None:
     """Removes a file, ignoring one that is already gone."""
     try:
         if scheme(path):
-            tf.io.gfile.remove(os.fspath(path))
+            _gfile().remove(os.fspath(path))
         else:
             os.unlink(path)
-    except (FileNotFoundError, tf.errors.NotFoundError):
-        pass
+    except Exception as err:
+        if not _missing(err):
+            raise
 
 
 def size(path: str | os.PathLike) -> int | None:
     """A file's size in bytes, ``None`` when it is missing."""
     try:
         if scheme(path):
-            return int(tf.io.gfile.stat(os.fspath(path)).length)
+            return int(_gfile().stat(os.fspath(path)).length)
         return os.stat(path).st_size
-    except (FileNotFoundError, tf.errors.NotFoundError):
-        return None
+    except Exception as err:
+        if _missing(err):
+            return None
+        raise
 
 
 def open_file(path: str | os.PathLike, mode: str = "rb") -> Any:
-    """A file object (``tf.io.gfile.GFile`` for URLs)."""
+    """A file object (``_gfile().GFile`` for URLs)."""
     if scheme(path):
-        return tf.io.gfile.GFile(os.fspath(path), mode)
+        return _gfile().GFile(os.fspath(path), mode)
     return open(path, mode)
 
 
@@ -169,8 +194,10 @@ def sha256_of(path: str | os.PathLike) -> tuple[int, str]:
             for block in chunks(stream):
                 digest.update(block)
                 total += len(block)
-    except tf.errors.NotFoundError:
-        raise FileNotFoundError(os.fspath(path)) from None
+    except Exception as err:
+        if _missing(err):
+            raise FileNotFoundError(os.fspath(path)) from None
+        raise
     return total, digest.hexdigest()
 
 
@@ -192,8 +219,10 @@ def read_text(path: str | os.PathLike) -> str:
     try:
         with open_file(path, "rb") as stream:
             return stream.read().decode()
-    except tf.errors.NotFoundError:
-        raise FileNotFoundError(os.fspath(path)) from None
+    except Exception as err:
+        if _missing(err):
+            raise FileNotFoundError(os.fspath(path)) from None
+        raise
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import tensorflow as tf
 
-from hybridpar.checkpoint import files, storage, tensor_io
+from hybridpar.checkpoint import files, storage
 from hybridpar.errors import CheckpointDamagedError, ConfigError
 
 logger = logging.getLogger("hybridpar")
@@ -58,6 +57,10 @@ def _load(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     if manifest["format"] == files.FORMAT:
         return files.load(path)
     files.check_files(path, manifest)
+    import tensorflow as tf  # format 2 is read by TensorFlow
+
+    from hybridpar.checkpoint import tensor_io
+
     try:
         return manifest, tensor_io.arrays_of(path, manifest["variables"], ["model"])
     except tf.errors.OpError as err:
