@@ -98,7 +98,17 @@ def snapshot(model: Any, data: dict[str, Any], *, extra: dict[str, Any] | None =
     step = int(optimizer.iterations.numpy()) if optimizer is not None else 0
     manifest = {**(extra or {}), "format": FORMAT_V2, "step": step, "data": data,
                 "variables": specs, "created": time.time()}
+    if writes:
+        manifest["model_config"] = architecture(model)  # what `checkpoint export` rebuilds
     return (pieces if writes else []), manifest
+
+
+def architecture(model: Any) -> str | None:
+    """``model.to_json()``, or ``None`` for a model Keras cannot serialize."""
+    try:
+        return model.to_json()
+    except Exception:  # a subclassed model without get_config: exported from Python only
+        return None
 
 
 def reader(path: str | os.PathLike, manifest: dict[str, Any]) -> Reader:
@@ -110,6 +120,12 @@ def reader(path: str | os.PathLike, manifest: dict[str, Any]) -> Reader:
                     storage.name(path), FORMAT, FORMAT_V2)
         return tensor_io.ArrayReader(files.read_arrays(path))
     return tensor_io.BundleReader(path)
+
+
+def matches(model: Any, manifest: dict[str, Any], group: str) -> bool:
+    """Whether one group of ``model`` has the checkpoint's variables (count, shapes, dtypes)."""
+    current = layout.specs(logicals(model, group))
+    return not spec_mismatches(manifest["variables"][group], current)
 
 
 def _check(model: Any, path: Any, manifest: dict[str, Any], group: str) -> None:
