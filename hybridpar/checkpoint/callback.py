@@ -345,13 +345,16 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
                     "num_replicas": strategy.num_replicas_in_sync, "devices": [],
                     "global_batch_size": None}
         cluster = state.cluster
-        return {
+        topology = {
             "mode": state.mode,
             "num_workers": cluster.num_workers if cluster is not None else 1,
             "num_replicas": strategy.num_replicas_in_sync,
             "devices": list(state.plan.mesh.devices),
             "global_batch_size": state.global_batch_size,
         }
+        if self.asynchronous and cluster is not None:
+            topology["num_ps"] = cluster.num_ps
+        return topology
 
     def save(self, reason: str = "periodic", wait: bool = False) -> Any:
         """Saves a checkpoint of the current step (on every worker; the chief writes).

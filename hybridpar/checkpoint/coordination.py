@@ -4,9 +4,11 @@ Under a multi-worker strategy each worker restores its own copy of the
 variables, so each must read the same checkpoint. The chief picks the newest
 undamaged one (``files.latest``) and publishes its choice in the cluster's
 coordination service (the key-value store ``cluster_join`` already uses);
-the other workers wait for it, check that they can see it and restore it. A
-worker that cannot see the chosen checkpoint fails at once, naming the path:
-``checkpoint.dir`` must be one directory every worker shares. Without a
+the other workers wait for it, check that their own ``checkpoint.dir`` holds
+that very checkpoint (its name, and the SHA-256 of its index in the
+manifest) and restore it. A worker that cannot see the chosen checkpoint
+fails at once, naming the path: ``checkpoint.dir`` must be one directory
+every worker shares. Without a
 cluster (or in parameter-server mode, where only the chief restores) the
 choice is this process's own.
 """
@@ -39,9 +41,11 @@ def _round_key() -> str:
 
 def _choice(found: Found | None) -> str:
     if found is None:
-        return json.dumps({"path": None})
-    return json.dumps({"path": os.fspath(found.path), "step": found.step,
-                       "skipped": [[os.fspath(p), why] for p, why in found.skipped]})
+        return json.dumps({"name": None})
+    fingerprint = {name: entry.get("sha256") for name, entry in found.manifest["files"].items()}
+    return json.dumps({"name": storage.name(found.path), "step": found.step,
+                       "where": os.fspath(found.path), "files": fingerprint,
+                       "skipped": [[storage.name(p), why] for p, why in found.skipped]})
 
 
 def choose(directory: str | os.PathLike, *, coordinated: bool, is_chief: bool,
@@ -66,24 +70,30 @@ def choose(directory: str | os.PathLike, *, coordinated: bool, is_chief: bool,
     choice = json.loads(ctx.get_config_key_value(key, timeout_in_ms=WAIT_SECONDS * 1000))
     if "error" in choice:
         raise CheckpointDamagedError(f"the chief found no usable checkpoint: {choice['error']}")
-    if choice["path"] is None:
+    if choice["name"] is None:
         return None
-    return _follow(choice, task)
+    return _follow(choice, directory, task)
 
 
-def _follow(choice: dict[str, Any], task: str) -> Found:
-    """The chief's choice as seen from this worker."""
-    path = storage.location(choice["path"])
-    for skipped, why in choice["skipped"]:
+def _follow(choice: dict[str, Any], directory: str | os.PathLike, task: str) -> Found:
+    """The chief's choice, found in this worker's own ``checkpoint.dir``."""
+    for name, why in choice["skipped"]:
         logger.warning("hybridpar: checkpoint %s is damaged: %s; trying the previous one "
-                       "(the chief's choice).", storage.name(skipped), why)
-    if not storage.exists(storage.join(path, files.MANIFEST_FILE)):
+                       "(the chief's choice).", name, why)
+    path = storage.join(directory, choice["name"])
+    try:
+        manifest = files.verify(path, deep=False)
+    except CheckpointDamagedError as err:
+        manifest, problem = None, str(err)
+    else:
+        theirs = {name: entry.get("sha256") for name, entry in manifest["files"].items()}
+        problem = None if theirs == choice["files"] else "it holds another checkpoint there"
+    if manifest is None or problem:
         raise ConfigError(
-            f"The chief chose checkpoint {os.fspath(path)} (step {choice['step']}) to restore, "
-            f"but {task or 'this worker'} cannot see it. checkpoint.dir must be a directory "
-            "that every worker shares (the same path on shared storage, or a gs:// or s3:// "
-            "URL), not a local directory of each machine."
+            f"The chief chose checkpoint {choice['where']} (step {choice['step']}) to restore, "
+            f"but {task or 'this worker'} cannot see it at {os.fspath(path)} ({problem}). "
+            "checkpoint.dir must be a directory that every worker shares (the same path on "
+            "shared storage, or a gs:// or s3:// URL), not a local directory of each machine."
         )
-    manifest = files.verify(path, deep=False)
-    return Found(path, manifest, tuple((storage.location(p), why)
-                                       for p, why in choice["skipped"]))
+    return Found(path, manifest, tuple((storage.join(directory, name), why)
+                                       for name, why in choice["skipped"]))
