@@ -13,7 +13,6 @@ from hybridpar.checkpoint import (
     files,
     model_state,
     preemption,
-    remote_hashing,
     storage,
 )
 from hybridpar.checkpoint.writer import BackgroundWriter
@@ -396,7 +395,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self._last_saved = step
         if not self.writes:
             return None
-        directory, hasher = self.directory, self._hasher()
+        directory, hasher = self.directory, model_state.hasher_for(self.model, self.directory)
 
         def write() -> None:
             model_state.write(directory, pieces, manifest, hasher)
@@ -406,10 +405,6 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         if wait:
             self.writer.wait()
         return path
-
-    def _hasher(self) -> Any:
-        """In parameter-server mode each ps hashes the files it wrote (``remote_hashing``)."""
-        return remote_hashing.Requester(self.directory) if self.asynchronous else None
 
     def checkpoints(self) -> list[Any]:
         """Complete checkpoints in this directory, oldest first (after the write in flight)."""

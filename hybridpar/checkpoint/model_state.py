@@ -35,6 +35,7 @@ from hybridpar.checkpoint.manifest import FORMAT, FORMAT_V2, GROUPS, key, mismat
 from hybridpar.checkpoint.manifest import mismatches as spec_mismatches
 from hybridpar.compat.shard_views import shard_views
 from hybridpar.errors import CheckpointMismatchError, ConfigError
+from hybridpar.state import state_of
 
 logger = logging.getLogger("hybridpar")
 
@@ -231,7 +232,18 @@ def save_position(model: Any, directory: str | os.PathLike, data: dict[str, Any]
     pieces, manifest = snapshot(model, data, extra=extra, writes=write_files)
     if not write_files:
         return None
-    return write(directory, pieces, manifest)
+    return write(directory, pieces, manifest, hasher_for(model, directory))
+
+
+def parameter_server(model: Any) -> bool:
+    """Whether ``model`` lives in a hybridpar parameter-server strategy (its ps write and read)."""
+    state = state_of(getattr(model, "_distribute_strategy", None))
+    return state is not None and state.mode == "parameter_server"
+
+
+def hasher_for(model: Any, directory: str | os.PathLike) -> tensor_io.Hasher | None:
+    """How the files other tasks write are hashed: by those tasks, in parameter-server mode."""
+    return remote_hashing.Requester(directory) if parameter_server(model) else None
 
 
 def restore(model: Any, source: str | os.PathLike, *, optimizer: bool = True) -> Found:
@@ -252,10 +264,11 @@ def restore(model: Any, source: str | os.PathLike, *, optimizer: bool = True) ->
         CheckpointDamagedError: when the chosen checkpoint (or every one) is damaged.
         CheckpointMismatchError: naming the variables that do not match.
     """
+    deep = not parameter_server(model)  # there the ps check what they read (CRC32C)
     if files.step_of(source) is not None:
-        found: Found | None = Found(storage.location(source), files.verify(source))
+        found: Found | None = Found(storage.location(source), files.verify(source, deep=deep))
     else:
-        found = files.latest(source)
+        found = files.latest(source, deep=deep)
     if found is None:
         raise FileNotFoundError(
             f"No checkpoint in {source} (expected directories named ckpt-<step>). "
