@@ -14,6 +14,7 @@ from hybridpar.checkpoint import (
     model_state,
     preemption,
     storage,
+    topology,
 )
 from hybridpar.checkpoint.writer import BackgroundWriter
 from hybridpar.config import CheckpointConfig
@@ -307,8 +308,9 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self._persists = bool(found.manifest["data"]["iterator_persists"])
         logger.info(
             "hybridpar: resumed from %s at optimizer step %d (epoch %d, skipping its first %d "
-            "batch(es) already trained); %s",
-            found.path, found.step, epoch + 1, skip, self._topology_note(found.manifest),
+            "batch(es) already trained%s); %s",
+            found.path, found.step, epoch + 1, skip, topology.SKIP_NOTE if skip + extra else "",
+            self._topology_note(found.manifest),
         )
 
     def _restore_asynchronous(self, found: files.Found) -> None:
@@ -321,39 +323,13 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
                     found.step, where, self._topology_note(found.manifest))
 
     def _topology_note(self, manifest: dict[str, Any]) -> str:
-        written = files.describe_topology(manifest.get("topology", {}))
-        now = files.describe_topology(self._topology())
-        batch = manifest.get("topology", {}).get("global_batch_size")
-        current_batch = self._topology().get("global_batch_size")
-        if batch is not None and current_batch is not None and batch != current_batch:
-            batch_note = (f"the global batch changed from {batch} to {current_batch}: the data "
-                          f"position counts batches of the new size")
-        elif current_batch is not None:
-            batch_note = f"the global batch stays {current_batch} examples per step"
-        else:
-            batch_note = "the global batch stays what the dataset yields per step"
-        return f"written by {written}, resumed on {now}; {batch_note}."
+        return topology.resume_note(manifest, self._topology())
 
     # ------------------------------------------------------------------ saving
 
     def _topology(self) -> dict[str, Any]:
-        state = self.state
-        strategy = self.model.distribute_strategy
-        if state is None:
-            return {"mode": type(strategy).__name__, "num_workers": 1,
-                    "num_replicas": strategy.num_replicas_in_sync, "devices": [],
-                    "global_batch_size": None}
-        cluster = state.cluster
-        topology = {
-            "mode": state.mode,
-            "num_workers": cluster.num_workers if cluster is not None else 1,
-            "num_replicas": strategy.num_replicas_in_sync,
-            "devices": list(state.plan.mesh.devices),
-            "global_batch_size": state.global_batch_size,
-        }
-        if self.asynchronous and cluster is not None:
-            topology["num_ps"] = cluster.num_ps
-        return topology
+        return topology.current(self.state, self.model.distribute_strategy,
+                                self.asynchronous)
 
     def save(self, reason: str = "periodic", wait: bool = False) -> Any:
         """Saves a checkpoint of the current step (on every worker; the chief writes).
