@@ -134,7 +134,7 @@ def test_two_workers_to_one_process_and_back_with_a_damaged_latest(tmp_path, ref
     local = single(script(tmp_path / "local", tmp_path / "b", "--epochs", "1",
                           "--every_steps", "4"))
     assert local.returncode == 0, local.stderr[-4000:]
-    state = tmp_path / "b" / "ckpt-00000015" / "state.npz"
+    state = tmp_path / "b" / "ckpt-00000015" / "state.data-00000-of-00001"
     state.write_bytes(state.read_bytes()[:100])
     shutil.rmtree(tmp_path / "cluster")
     run = launch(script(tmp_path / "cluster", tmp_path / "b"))

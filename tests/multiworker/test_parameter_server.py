@@ -192,8 +192,10 @@ def test_a_checkpoint_of_two_ps_resumes_on_three_each_ps_writing_its_shards(tmp_
     manifest = json.loads((written / "manifest.json").read_text())
     # One data file per task holding variables, hashed by the task that wrote it.
     tasks = {name: entry["task"] for name, entry in manifest["files"].items()}
-    assert tasks == {"state.index": "chief:0", "state.data-00000-of-00003": "chief:0",
-                     "state.data-00001-of-00003": "ps:0", "state.data-00002-of-00003": "ps:1"}
+    assert tasks.pop("state.index") == "chief:0"  # the chief merged the index
+    data_files = sorted(tasks)
+    assert {tasks[name] for name in data_files[-2:]} == {"ps:0", "ps:1"}
+    assert len(set(tasks.values())) == len(tasks)  # one data file per task
     # The table and its Adam slots are one logical tensor each, whatever the shards.
     specs = {v["path"]: v["shape"] for group in ("model", "optimizer")
              for v in manifest["variables"][group]}
