@@ -18,7 +18,7 @@ from hybridpar.checkpoint import (
 )
 from hybridpar.checkpoint.writer import BackgroundWriter
 from hybridpar.config import CheckpointConfig
-from hybridpar.errors import ConfigError
+from hybridpar.errors import CheckpointDamagedError, ConfigError
 from hybridpar.state import StrategyState, state_of
 
 logger = logging.getLogger("hybridpar")
@@ -286,6 +286,29 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             task=str(cluster.task) if cluster is not None else "",
             deep=not self.asynchronous)  # the ps check their own reads (CRC32C)
 
+    def _apply(self, found: files.Found) -> files.Found:
+        """Restores ``found``; one that proves damaged as it is read (a ps's CRC32C check)
+        falls back to the previous one when this task chose it alone."""
+        while True:
+            values = model_state.reader(found.path, found.manifest)
+            try:
+                if model_state.apply(self.model, found.path, found.manifest, values,
+                                     metrics=False):
+                    self._pending_metrics = values  # Keras resets metrics when the epoch begins
+                return found
+            except CheckpointDamagedError as err:
+                if self.state is not None and self.state.cluster is not None and (
+                        not self.asynchronous and self.state.cluster.num_workers > 1):
+                    raise  # every worker must restore the same one
+                logger.warning("hybridpar: checkpoint %s is damaged: %s; trying the previous "
+                               "one.", storage.name(found.path), err)
+                previous = files.latest(self.directory, deep=not self.asynchronous,
+                                        below=found.step)
+                if previous is None:
+                    raise
+                found = files.Found(previous.path, previous.manifest,
+                                    (*found.skipped, (found.path, str(err)), *previous.skipped))
+
     def _restore(self) -> None:
         found = self._choose()
         if found is None:
@@ -293,10 +316,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
                         self.directory)
             return
         model_state.ensure_built(self.model)
-        values = model_state.reader(found.path, found.manifest)
-        if model_state.apply(self.model, found.path, found.manifest, values, metrics=False):
-            self._pending_metrics = values  # Keras resets metrics when the epoch begins
-        self.restored = found
+        found = self.restored = self._apply(found)
         if self.asynchronous:
             self._restore_asynchronous(found)
             return

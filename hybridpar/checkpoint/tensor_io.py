@@ -31,6 +31,7 @@ from tensorflow.python.ops import gen_io_ops
 from hybridpar.checkpoint import storage
 from hybridpar.checkpoint.layout import Logical, Part
 from hybridpar.checkpoint.manifest import INDEX_FILE, STATE_PREFIX, data_file, key, slice_spec
+from hybridpar.errors import CheckpointDamagedError, ConfigError
 
 _HOST_RE = re.compile(r"^(/job:[^/]+/replica:\d+/task:\d+)")
 
@@ -148,12 +149,31 @@ class BundleReader:
         self.prefix = os.fspath(storage.join(path, STATE_PREFIX))
 
     def read(self, name: str, logical: Logical, part: Part) -> Any:
-        """The rows of ``part`` (all of the logical tensor when it is whole)."""
+        """The rows of ``part`` (all of the logical tensor when it is whole), read by the
+        task that holds ``part``.
+
+        Raises:
+            CheckpointDamagedError: when a file fails TensorFlow's CRC32C or is unreadable.
+            ConfigError: when that task cannot see the checkpoint's files.
+        """
         spec = slice_spec(logical.shape, part.offset, part.rows)
-        device = device_of(part.variable)
-        with tf.device(f"{host_of(device)}/device:CPU:0"):
-            return gen_io_ops.restore_v2(self.prefix, [name], [spec],
-                                         [tf.as_dtype(logical.dtype)])[0]
+        host = host_of(device_of(part.variable))
+        try:
+            with tf.device(f"{host}/device:CPU:0"):
+                return gen_io_ops.restore_v2(self.prefix, [name], [spec],
+                                             [tf.as_dtype(logical.dtype)])[0]
+        except tf.errors.NotFoundError as err:
+            raise ConfigError(
+                f"{task_name(host)} cannot read checkpoint {os.fspath(self.path)} "
+                f"({err.message.splitlines()[0]}). checkpoint.dir must be a directory that "
+                "every task shares (the ps tasks read their own rows), not a local directory "
+                "of each machine."
+            ) from None
+        except (tf.errors.DataLossError, tf.errors.OutOfRangeError,
+                tf.errors.InvalidArgumentError) as err:
+            raise CheckpointDamagedError(
+                f"{os.fspath(self.path)}: {name} cannot be read "
+                f"({err.message.splitlines()[0]})") from None
 
     def array(self, name: str, dtype: str) -> np.ndarray:
         """One whole tensor as a host array (small state: PowerSGD's, an evaluator's weights)."""

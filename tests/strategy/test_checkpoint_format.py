@@ -135,3 +135,19 @@ def test_a_snapshot_on_a_non_writing_worker_reads_only_the_metrics(tmp_path):
     assert len(written) == sum(len(manifest["variables"][g])
                                for g in ("model", "optimizer", "metrics"))
     assert json.loads(manifest["model_config"])["class_name"] == "Sequential"
+
+
+def test_a_flipped_byte_is_caught_by_tensorflows_crc_as_the_values_are_read(tmp_path):
+    """What a ps finds when it reads its own rows (restores there check sizes, not SHA-256)."""
+    _, _, callback = train(tmp_path / "ckpt")
+    newest = callback.checkpoints()[-1]
+    data = newest / "state.data-00000-of-00001"
+    damaged = bytearray(data.read_bytes())
+    damaged[8] ^= 0xFF  # inside the first tensor: the hidden kernel
+    data.write_bytes(bytes(damaged))
+    manifest = files.verify(newest, deep=False)  # the size is still right
+    model = build()
+    model_state.ensure_built(model)
+    with pytest.raises(hybridpar.errors.CheckpointDamagedError,
+                       match=r"ckpt-00000039: model/00000 cannot be read \(.*"):
+        model_state.apply(model, newest, manifest, model_state.reader(newest, manifest))
