@@ -108,6 +108,8 @@ def check_readable(directory: Path) -> None:
     Raises:
         ConfigError: naming ``checkpoint.dir``, the directory and the problem.
     """
+    if storage.scheme(directory):  # gs://, s3://, ...: listing it is the check
+        return
     problem = None
     try:
         existing = directory
@@ -148,7 +150,7 @@ class CheckpointWatcher:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.directory = Path(directory)
+        self.directory = storage.location(directory)
         self.poll_seconds = poll_seconds
         self.timeout_seconds = timeout_seconds
         self._clock, self._sleep = clock, sleep
