@@ -79,10 +79,11 @@ def answer_pending(directory: str | os.PathLike, task: str) -> int:
         except (FileNotFoundError, ValueError, KeyError):
             continue
         try:
-            _write_atomically(answer_file(partial, task), {"files": hash_files(partial, names)})
+            answer: dict[str, Any] = {"files": hash_files(partial, names)}
         except FileNotFoundError as err:
-            _write_atomically(answer_file(partial, task), {"error": f"missing {err}"})
-        storage.remove(request)
+            answer = {"error": f"missing {err}"}
+        storage.remove(request)  # before answering: the chief publishes once it has the answer
+        _write_atomically(answer_file(partial, task), answer)
         answered += 1
     return answered
 
