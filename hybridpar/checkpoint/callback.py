@@ -13,6 +13,7 @@ from hybridpar.checkpoint import (
     files,
     model_state,
     preemption,
+    skipping,
     storage,
     topology,
 )
@@ -140,7 +141,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self._iterator_epoch = 0
         self._position = 0
         self._persists = False
-        self._skip_calls = self._skip_extra = 0
+        self._skip_calls = self._skip_extra = self._drawn_ahead = 0
         self._last_saved = -1
         self._original_train_function: Any = None
         self._pending_metrics: Any = None
@@ -259,15 +260,14 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             if self._epoch_save_pending:
                 self._epoch_save_pending = False
                 self.save()
-            for _ in range(self._skip_extra):
-                next(iterator)
-            self._position += self._skip_extra
+            ahead = self._skip_extra + self._skip_calls * per_call - self._drawn_ahead
+            if ahead > 0:  # every batch to skip, at the first call, in one graph loop
+                skipping.draw(iterator, ahead)
+                self._position += ahead
+                self._drawn_ahead += ahead
             self._skip_extra = 0
             if self._skip_calls:
                 self._skip_calls -= 1
-                for _ in range(per_call):
-                    next(iterator)
-                self._position += per_call
                 return {}
             result = original(iterator)
             self._position += per_call
