@@ -198,7 +198,9 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch, self._batch = epoch + 1, 0
         if self.every_epochs and (epoch + 1) % self.every_epochs == 0 and self.asynchronous:
-            self.save()
+            # The snapshot lives on the ps tasks, which write it: a ps lost in the next epoch
+            # must not take this epoch's checkpoint with it, so training waits for the write.
+            self.save(wait=True)
         elif self.every_epochs and (epoch + 1) % self.every_epochs == 0:
             # Written before the next epoch's first step, once it is known whether that
             # epoch draws from a fresh iterator; the state is the same as now.

@@ -93,7 +93,7 @@ class BackgroundWriter:
         except Exception as err:  # reported to the training thread, never dropped
             previous = [storage.name(p) for p in files.list_checkpoints(directory)]
             intact = f"the newest complete one is {previous[-1]}" if previous else "none exists"
-            message = getattr(err, "message", None) or str(err)
+            message = (getattr(err, "message", None) or str(err)).splitlines()[0]
             failure = CheckpointWriteError(
                 f"Writing checkpoint {name} in {directory} failed in the background "
                 f"({type(err).__name__}: {message}). Earlier checkpoints are intact ({intact}). "
