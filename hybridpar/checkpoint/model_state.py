@@ -105,11 +105,17 @@ def snapshot(model: Any, data: dict[str, Any], *, extra: dict[str, Any] | None =
 
 
 def architecture(model: Any) -> str | None:
-    """``model.to_json()``, or ``None`` for a model Keras cannot serialize."""
+    """``model.to_json()``, or ``None`` for a model Keras cannot serialize (computed once
+    per model: it is a third of a small model's snapshot time)."""
+    cached = getattr(model, "_hybridpar_architecture", False)
+    if cached is not False:
+        return cached
     try:
-        return model.to_json()
+        text = model.to_json()
     except Exception:  # a subclassed model without get_config: exported from Python only
-        return None
+        text = None
+    model._hybridpar_architecture = text
+    return text
 
 
 def reader(path: str | os.PathLike, manifest: dict[str, Any]) -> Reader:
