@@ -319,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     block = blocking(args)
     print(f"PeriodicCheckpoint in fit (every {args.every_steps} steps, {block['saves']} saves, "
           f"the first one left out): the loop blocked {block['blocked_s'] * 1e3:.1f} ms per "
-          f"save (capture to host memory; write, SHA-256, fsync and rename in the background); "
+          f"save (snapshot of the variables; write, SHA-256, fsync and rename in the background); "
           f"keras save_weights of the same model {block['keras_save_s'] * 1e3:.1f} ms (medians)")
     print(f"blocking_ratio={block['blocked_s'] / block['keras_save_s']:.3f}", flush=True)
     if args.skip_recovery:

@@ -1,17 +1,37 @@
 """Training checkpoints that survive crashes, preemption and topology changes.
 
 A checkpoint is a directory ``<dir>/ckpt-<optimizer step, 8 digits>/``
-holding ``state.npz`` (every model, optimizer and metric variable) and
-``manifest.json`` (step, epoch, batch, data position, config, topology,
-variable specs, size and SHA-256). ``files`` is the format (numpy only),
-``model_state`` captures and restores models, ``callback`` is
-``PeriodicCheckpoint``, ``preemption`` saves on SIGTERM.
+holding every model, optimizer and metric variable in TensorFlow's
+tensor-bundle format (``state.index``, one ``state.data-*`` file per task
+that holds variables) and ``manifest.json`` (step, epoch, batch, data
+position, config, topology, variable specs, each file's size and SHA-256).
+``manifest`` holds the format's pure rules, ``storage`` the file access
+(any ``tf.io.gfile`` filesystem), ``files`` the directories, ``layout`` and
+``tensor_io`` the variables and their reads and writes per task,
+``model_state`` captures and restores models, ``coordination`` has every
+worker restore the chief's choice, ``callback`` is ``PeriodicCheckpoint``,
+``preemption`` saves on SIGTERM, ``export`` writes Keras weights files.
 
 Public functions: ``latest(dir)``, ``list_checkpoints(dir)``, ``verify(path)``,
-``restore(model, dir_or_checkpoint)``, ``save(model, dir, ...)``.
+``restore(model, dir_or_checkpoint)``, ``save(model, dir, ...)``,
+``export_weights(checkpoint, model, "model.weights.h5")``. Those that need
+TensorFlow are imported on first use, so the format's pure modules stay light.
 """
 
-from hybridpar.checkpoint.files import Found, latest, list_checkpoints, verify
-from hybridpar.checkpoint.model_state import restore, save, save_position
+import importlib
+from typing import Any
 
-__all__ = ["Found", "latest", "list_checkpoints", "restore", "save", "save_position", "verify"]
+from hybridpar.checkpoint.files import Found, latest, list_checkpoints, verify
+
+__all__ = ["Found", "export_weights", "latest", "list_checkpoints", "restore", "save",
+           "save_position", "verify"]
+
+_LAZY = {"restore": "model_state", "save": "model_state", "save_position": "model_state",
+         "export_weights": "export"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module = importlib.import_module(f"hybridpar.checkpoint.{_LAZY[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module 'hybridpar.checkpoint' has no attribute {name!r}")

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from hybridpar.checkpoint import files, model_state, preemption
+from hybridpar.checkpoint import (
+    coordination,
+    files,
+    model_state,
+    preemption,
+    skipping,
+    storage,
+    topology,
+)
 from hybridpar.checkpoint.writer import BackgroundWriter
 from hybridpar.config import CheckpointConfig
-from hybridpar.errors import ConfigError
+from hybridpar.errors import CheckpointDamagedError, ConfigError
 from hybridpar.state import StrategyState, state_of
 
 logger = logging.getLogger("hybridpar")
@@ -103,7 +110,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             )
         self.state = _state_from(hybrid)
         self.config = config
-        self.directory = Path(config.dir)
+        self.directory = storage.location(config.dir)
         self.writes = self.state is None or self.state.is_chief
         if self.writes:
             files.ensure_writable(self.directory)
@@ -124,7 +131,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             )
         self.restored: files.Found | None = None
         self._own_watcher: Any = None
-        self.saved: list[Path] = []
+        self.saved: list[Any] = []
         self.writer = BackgroundWriter()
         self._reset_position()
 
@@ -134,10 +141,10 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self._iterator_epoch = 0
         self._position = 0
         self._persists = False
-        self._skip_calls = self._skip_extra = 0
+        self._skip_calls = self._skip_extra = self._drawn_ahead = 0
         self._last_saved = -1
         self._original_train_function: Any = None
-        self._pending_metrics: dict[str, Any] | None = None
+        self._pending_metrics: Any = None
         self._epoch_save_pending = False
         self._watcher: Any = None
         self._initial_batch = 0
@@ -191,7 +198,9 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch, self._batch = epoch + 1, 0
         if self.every_epochs and (epoch + 1) % self.every_epochs == 0 and self.asynchronous:
-            self.save()
+            # The snapshot lives on the ps tasks, which write it: a ps lost in the next epoch
+            # must not take this epoch's checkpoint with it, so training waits for the write.
+            self.save(wait=True)
         elif self.every_epochs and (epoch + 1) % self.every_epochs == 0:
             # Written before the next epoch's first step, once it is known whether that
             # epoch draws from a fresh iterator; the state is the same as now.
@@ -253,15 +262,14 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             if self._epoch_save_pending:
                 self._epoch_save_pending = False
                 self.save()
-            for _ in range(self._skip_extra):
-                next(iterator)
-            self._position += self._skip_extra
+            ahead = self._skip_extra + self._skip_calls * per_call - self._drawn_ahead
+            if ahead > 0:  # every batch to skip, at the first call, in one graph loop
+                skipping.draw(iterator, ahead)
+                self._position += ahead
+                self._drawn_ahead += ahead
             self._skip_extra = 0
             if self._skip_calls:
                 self._skip_calls -= 1
-                for _ in range(per_call):
-                    next(iterator)
-                self._position += per_call
                 return {}
             result = original(iterator)
             self._position += per_call
@@ -269,17 +277,48 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 
         self.model.train_function = train_function
 
+    def _choose(self) -> files.Found | None:
+        """The checkpoint to restore: the chief's choice on every worker (``coordination``)."""
+        state = self.state
+        cluster = state.cluster if state is not None else None
+        coordinated = (not self.asynchronous and cluster is not None
+                       and cluster.num_workers > 1)
+        return coordination.choose(
+            self.directory, coordinated=coordinated, is_chief=self.writes,
+            task=str(cluster.task) if cluster is not None else "",
+            deep=not self.asynchronous)  # the ps check their own reads (CRC32C)
+
+    def _apply(self, found: files.Found) -> files.Found:
+        """Restores ``found``; one that proves damaged as it is read (a ps's CRC32C check)
+        falls back to the previous one when this task chose it alone."""
+        while True:
+            values = model_state.reader(found.path, found.manifest)
+            try:
+                if model_state.apply(self.model, found.path, found.manifest, values,
+                                     metrics=False):
+                    self._pending_metrics = values  # Keras resets metrics when the epoch begins
+                return found
+            except CheckpointDamagedError as err:
+                if self.state is not None and self.state.cluster is not None and (
+                        not self.asynchronous and self.state.cluster.num_workers > 1):
+                    raise  # every worker must restore the same one
+                logger.warning("hybridpar: checkpoint %s is damaged: %s; trying the previous "
+                               "one.", storage.name(found.path), err)
+                previous = files.latest(self.directory, deep=not self.asynchronous,
+                                        below=found.step)
+                if previous is None:
+                    raise
+                found = files.Found(previous.path, previous.manifest,
+                                    (*found.skipped, (found.path, str(err)), *previous.skipped))
+
     def _restore(self) -> None:
-        found = files.latest(self.directory)
+        found = self._choose()
         if found is None:
             logger.info("hybridpar: no checkpoint in %s yet; training from the start.",
                         self.directory)
             return
         model_state.ensure_built(self.model)
-        arrays = files.read_arrays(found.path)
-        if model_state.apply(self.model, found.path, found.manifest, arrays, metrics=False):
-            self._pending_metrics = arrays  # Keras resets metrics when the epoch begins
-        self.restored = found
+        found = self.restored = self._apply(found)
         if self.asynchronous:
             self._restore_asynchronous(found)
             return
@@ -291,8 +330,9 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self._persists = bool(found.manifest["data"]["iterator_persists"])
         logger.info(
             "hybridpar: resumed from %s at optimizer step %d (epoch %d, skipping its first %d "
-            "batch(es) already trained); %s",
-            found.path, found.step, epoch + 1, skip, self._topology_note(found.manifest),
+            "batch(es) already trained%s); %s",
+            found.path, found.step, epoch + 1, skip, topology.SKIP_NOTE if skip + extra else "",
+            self._topology_note(found.manifest),
         )
 
     def _restore_asynchronous(self, found: files.Found) -> None:
@@ -305,38 +345,15 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
                     found.step, where, self._topology_note(found.manifest))
 
     def _topology_note(self, manifest: dict[str, Any]) -> str:
-        written = files.describe_topology(manifest.get("topology", {}))
-        now = files.describe_topology(self._topology())
-        batch = manifest.get("topology", {}).get("global_batch_size")
-        current_batch = self._topology().get("global_batch_size")
-        if batch is not None and current_batch is not None and batch != current_batch:
-            batch_note = (f"the global batch changed from {batch} to {current_batch}: the data "
-                          f"position counts batches of the new size")
-        elif current_batch is not None:
-            batch_note = f"the global batch stays {current_batch} examples per step"
-        else:
-            batch_note = "the global batch stays what the dataset yields per step"
-        return f"written by {written}, resumed on {now}; {batch_note}."
+        return topology.resume_note(manifest, self._topology())
 
     # ------------------------------------------------------------------ saving
 
     def _topology(self) -> dict[str, Any]:
-        state = self.state
-        strategy = self.model.distribute_strategy
-        if state is None:
-            return {"mode": type(strategy).__name__, "num_workers": 1,
-                    "num_replicas": strategy.num_replicas_in_sync, "devices": [],
-                    "global_batch_size": None}
-        cluster = state.cluster
-        return {
-            "mode": state.mode,
-            "num_workers": cluster.num_workers if cluster is not None else 1,
-            "num_replicas": strategy.num_replicas_in_sync,
-            "devices": list(state.plan.mesh.devices),
-            "global_batch_size": state.global_batch_size,
-        }
+        return topology.current(self.state, self.model.distribute_strategy,
+                                self.asynchronous)
 
-    def save(self, reason: str = "periodic", wait: bool = False) -> Path | None:
+    def save(self, reason: str = "periodic", wait: bool = False) -> Any:
         """Saves a checkpoint of the current step (on every worker; the chief writes).
 
         Args:
@@ -369,17 +386,25 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             "config": self.state.config.to_dict() if self.state is not None else None,
             "topology": self._topology(),
         }
-        arrays, manifest = model_state.snapshot(self.model, data, extra=extra)
+        if self.writes:
+            self.writer.wait()  # one snapshot alive at a time
+        pieces, manifest = model_state.snapshot(self.model, data, extra=extra,
+                                                writes=self.writes)
         self._last_saved = step
         if not self.writes:
             return None
-        path = self.writer.submit(self.directory, arrays, manifest, self.keep)
+        directory, hasher = self.directory, model_state.hasher_for(self.model, self.directory)
+
+        def write() -> None:
+            model_state.write(directory, pieces, manifest, hasher)
+
+        path = self.writer.submit(self.directory, step, write, self.keep)
         self.saved.append(path)
         if wait:
             self.writer.wait()
         return path
 
-    def checkpoints(self) -> list[Path]:
+    def checkpoints(self) -> list[Any]:
         """Complete checkpoints in this directory, oldest first (after the write in flight)."""
         self.writer.wait()
         return files.list_checkpoints(self.directory)

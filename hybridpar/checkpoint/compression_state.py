@@ -13,12 +13,12 @@ once.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hybridpar.checkpoint.files import mismatches, variable_spec
+from hybridpar.checkpoint import storage
+from hybridpar.checkpoint.manifest import mismatches, variable_spec
 from hybridpar.state import state_of
 
 logger = logging.getLogger("hybridpar")
@@ -62,19 +62,19 @@ def capture(model: Any, arrays: dict[str, np.ndarray],
         arrays[_key(index)] = value
 
 
-def restore(model: Any, path: Path, manifest: dict[str, Any],
-            arrays: dict[str, np.ndarray]) -> None:
+def restore(model: Any, path: Any, manifest: dict[str, Any], reader: Any) -> None:
     """Restores the PowerSGD state of a checkpoint, or starts from zero error memory."""
     saved = manifest["variables"].get(GROUP, [])
     found = _powersgd(model, prepare=True)
     if found is None:
         if saved:
             logger.info("hybridpar: checkpoint %s holds PowerSGD state, which this run "
-                        "(without communication.compression: powersgd) does not use.", path.name)
+                        "(without communication.compression: powersgd) does not use.",
+                        storage.name(path))
         return
     powersgd, strategy = found
     current = _specs(powersgd, strategy)
-    values = [arrays[_key(i)] for i in range(len(saved))]
+    values = [reader.array(_key(i), spec["dtype"]) for i, spec in enumerate(saved)]
     errors_match = not mismatches(saved[0::2], current[0::2])
     qs_match = not mismatches(saved[1::2], current[1::2])
     powersgd.assign(strategy, values[0::2] if errors_match else None,
@@ -89,4 +89,4 @@ def restore(model: Any, path: Path, manifest: dict[str, Any],
                   f"{'' if qs_match else 'and another rank '}(this run: "
                   f"{strategy.num_replicas_in_sync} replica(s), rank {powersgd.rank})")
     logger.info("hybridpar: checkpoint %s %s: the PowerSGD error memory starts at zero%s.",
-                path.name, reason, "" if qs_match else " and Q from its initial draw")
+                storage.name(path), reason, "" if qs_match else " and Q from its initial draw")

@@ -4,10 +4,15 @@ The state is three groups of variables: ``model`` (``model.variables``:
 weights and seed-generator states), ``optimizer`` (``optimizer.variables``:
 the step counter, learning rate, slots) and ``metrics``
 (``model.metrics_variables``: the running means of an interrupted epoch).
-Values are stored whole, in the order Keras lists the variables, so a
-checkpoint written by 2 workers x 2 replicas restores into one device and
-back (a mirrored variable is one value on every replica). With PowerSGD a
-fourth group holds its per-replica state (``compression_state``).
+Each is stored whole, as a logical tensor (``layout``), in the order Keras
+lists the variables, so a checkpoint written by 2 workers x 2 replicas, or
+with a table sharded over 2 parameter servers, restores into one device, 3
+parameter servers, and back. With PowerSGD a fourth group holds its
+per-replica state (``compression_state``).
+
+Only the chief reads the model and optimizer values (as tensors on their
+devices, ``tensor_io.snapshot``); every worker reads the metrics, since
+under a multi-worker strategy reading one sums it over all workers.
 """
 
 from __future__ import annotations
@@ -15,28 +20,26 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from hybridpar.checkpoint import compression_state
-from hybridpar.checkpoint.files import (
-    GROUPS,
-    Found,
-    latest,
-    mismatch_message,
-    mismatches,
-    read_arrays,
-    step_of,
-    variable_spec,
-    verify,
-    write,
+from hybridpar.checkpoint import (
+    compression_state,
+    files,
+    layout,
+    remote_hashing,
+    storage,
+    tensor_io,
 )
+from hybridpar.checkpoint.files import Found
+from hybridpar.checkpoint.manifest import FORMAT, FORMAT_V2, GROUPS, key, mismatch_message
+from hybridpar.checkpoint.manifest import mismatches as spec_mismatches
+from hybridpar.compat.shard_views import shard_views
 from hybridpar.errors import CheckpointMismatchError, ConfigError
+from hybridpar.state import state_of
 
 logger = logging.getLogger("hybridpar")
+
+Reader = tensor_io.BundleReader | tensor_io.ArrayReader
 
 
 def _variables(model: Any, group: str) -> list[Any]:
@@ -48,12 +51,11 @@ def _variables(model: Any, group: str) -> list[Any]:
     return list(getattr(model, "metrics_variables", []))
 
 
-def _specs(variables: Sequence[Any]) -> list[dict[str, Any]]:
-    return [variable_spec(v.path, v.shape, v.dtype) for v in variables]
-
-
-def _key(group: str, index: int) -> str:
-    return f"{group}/{index:05d}"
+def logicals(model: Any, group: str) -> list[layout.Logical]:
+    """One group's variables as logical tensors (sharded ones joined)."""
+    if group == "optimizer":
+        return layout.optimizer_variables(model, _variables(model, group))
+    return layout.model_variables(_variables(model, group))
 
 
 def ensure_built(model: Any) -> None:
@@ -70,32 +72,77 @@ def ensure_built(model: Any) -> None:
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and not optimizer.built:
         strategy = getattr(model, "_distribute_strategy", None)
-        if strategy is not None:
-            with strategy.scope():
+        with shard_views(model):  # a sharded table gets one slot set per shard, as in training
+            if strategy is not None:
+                with strategy.scope():
+                    optimizer.build(model.trainable_variables)
+            else:
                 optimizer.build(model.trainable_variables)
-        else:
-            optimizer.build(model.trainable_variables)
 
 
-def capture(model: Any) -> tuple[dict[str, np.ndarray], dict[str, list[dict[str, Any]]]]:
-    """The values of every model, optimizer and metric variable (and PowerSGD's state),
-    and their specs.
+def snapshot(model: Any, data: dict[str, Any], *, extra: dict[str, Any] | None = None,
+             writes: bool = True) -> tuple[list[tensor_io.Piece], dict[str, Any]]:
+    """The checkpoint's values (tensors on their devices) and its manifest (without files).
 
-    Under a multi-worker strategy every worker must call this at the same
-    step: reading a metric's per-replica value sums it over all workers.
+    Every worker of a multi-worker strategy must call this at the same step;
+    only with ``writes`` are the model and optimizer read.
     """
-    arrays: dict[str, np.ndarray] = {}
-    specs: dict[str, list[dict[str, Any]]] = {}
-    for group in GROUPS:
-        variables = _variables(model, group)
-        specs[group] = _specs(variables)
-        for index, variable in enumerate(variables):
-            arrays[_key(group, index)] = np.asarray(variable.numpy())
+    groups = {group: logicals(model, group) for group in GROUPS}
+    specs = {group: layout.specs(found) for group, found in groups.items()}
+    read = groups if writes else {"metrics": groups["metrics"]}
+    pieces = tensor_io.snapshot(read)
+    arrays: dict[str, Any] = {}
     compression_state.capture(model, arrays, specs)
-    return arrays, specs
+    if writes and arrays:
+        pieces += tensor_io.arrays_as_pieces(arrays)
+    optimizer = getattr(model, "optimizer", None)
+    step = int(optimizer.iterations.numpy()) if optimizer is not None else 0
+    manifest = {**(extra or {}), "format": FORMAT_V2, "step": step, "data": data,
+                "variables": specs, "created": time.time()}
+    if writes:
+        manifest["model_config"] = architecture(model)  # what `checkpoint export` rebuilds
+    return (pieces if writes else []), manifest
 
 
-def apply(model: Any, path: Path, manifest: dict[str, Any], arrays: dict[str, np.ndarray],
+def architecture(model: Any) -> str | None:
+    """``model.to_json()``, or ``None`` for a model Keras cannot serialize (computed once
+    per model: it is a third of a small model's snapshot time)."""
+    cached = getattr(model, "_hybridpar_architecture", False)
+    if cached is not False:
+        return cached
+    try:
+        text = model.to_json()
+    except Exception:  # a subclassed model without get_config: exported from Python only
+        text = None
+    model._hybridpar_architecture = text
+    return text
+
+
+def reader(path: str | os.PathLike, manifest: dict[str, Any]) -> Reader:
+    """The reader of a checkpoint's values, in either format."""
+    if manifest.get("format") == FORMAT:
+        logger.info("hybridpar: checkpoint %s is in an earlier hybridpar's format (%s: one "
+                    "state.npz), read whole on this task; the checkpoints written from now "
+                    "on are %s (TensorFlow's tensor bundle, one file per task).",
+                    storage.name(path), FORMAT, FORMAT_V2)
+        return tensor_io.ArrayReader(files.read_arrays(path))
+    return tensor_io.BundleReader(path)
+
+
+def matches(model: Any, manifest: dict[str, Any], group: str) -> bool:
+    """Whether one group of ``model`` has the checkpoint's variables (count, shapes, dtypes)."""
+    current = layout.specs(logicals(model, group))
+    return not spec_mismatches(manifest["variables"][group], current)
+
+
+def _check(model: Any, path: Any, manifest: dict[str, Any], group: str) -> None:
+    current = layout.specs(logicals(model, group))
+    lines = spec_mismatches(manifest["variables"][group], current)
+    if lines:
+        raise CheckpointMismatchError(mismatch_message(path, group, lines))
+
+
+def apply(model: Any, path: Any, manifest: dict[str, Any], values: Reader,
           *, optimizer: bool = True, metrics: bool = True) -> bool:
     """Assigns a checkpoint's values to ``model`` (and its optimizer and metrics).
 
@@ -108,47 +155,62 @@ def apply(model: Any, path: Path, manifest: dict[str, Any], arrays: dict[str, np
     """
     groups = ["model", "optimizer"] if optimizer else ["model"]
     for group in groups:
-        lines = mismatches(manifest["variables"][group], _specs(_variables(model, group)))
-        if lines:
-            raise CheckpointMismatchError(mismatch_message(path, group, lines))
-    metrics_match = not mismatches(
-        manifest["variables"]["metrics"], _specs(_variables(model, "metrics"))
-    )
+        _check(model, path, manifest, group)
+    metrics_match = not spec_mismatches(manifest["variables"]["metrics"],
+                                        layout.specs(logicals(model, "metrics")))
     if not metrics_match:
         logger.warning("hybridpar: the metrics of checkpoint %s differ from this model's; "
-                       "metrics start from zero.", path.name)
+                       "metrics start from zero.", storage.name(path))
     for group in groups + (["metrics"] if metrics and metrics_match else []):
-        assign_group(model, group, arrays)
+        assign_group(model, group, values)
     if optimizer:
-        compression_state.restore(model, path, manifest, arrays)
+        compression_state.restore(model, path, manifest, values)
     return metrics_match
 
 
-def apply_weights(model: Any, path: Path, manifest: dict[str, Any],
-                  arrays: dict[str, np.ndarray]) -> None:
-    """Assigns only a checkpoint's ``model`` group: weights and seed states.
+def apply_weights(model: Any, path: Any, manifest: dict[str, Any], arrays: dict[str, Any]) -> None:
+    """Assigns only a checkpoint's ``model`` group (weights and seed states) from host arrays.
 
-    What evaluation needs. The optimizer is left alone: its variables depend
-    on the topology that wrote the checkpoint (a parameter-server chief keeps
-    one slot set per shard).
+    What evaluation needs; the optimizer is left alone.
 
     Raises:
         CheckpointMismatchError: naming the model variables that differ.
     """
-    lines = mismatches(manifest["variables"]["model"], _specs(_variables(model, "model")))
-    if lines:
-        raise CheckpointMismatchError(mismatch_message(path, "model", lines))
-    assign_group(model, "model", arrays)
+    _check(model, path, manifest, "model")
+    assign_group(model, "model", tensor_io.ArrayReader(arrays))
 
 
-def assign_group(model: Any, group: str, arrays: dict[str, np.ndarray]) -> None:
-    """Assigns one group (``model``, ``optimizer``, ``metrics``) of checked arrays."""
-    for index, variable in enumerate(_variables(model, group)):
-        variable.assign(arrays[_key(group, index)])
+def assign_group(model: Any, group: str, values: Reader) -> None:
+    """Assigns one group (``model``, ``optimizer``, ``metrics``) of a checked checkpoint."""
+    for index, logical in enumerate(logicals(model, group)):
+        for part in logical.parts:
+            part.variable.assign(values.read(key(group, index), logical, part))
+
+
+def write(directory: str | os.PathLike, pieces: list[tensor_io.Piece], manifest: dict[str, Any],
+          hash_remote: tensor_io.Hasher | None = None) -> Any:
+    """Writes a snapshot as checkpoint ``ckpt-<step>`` (partial directory, then published)."""
+    final = storage.join(directory, files.checkpoint_name(int(manifest["step"])))
+    if storage.exists(final):
+        return final
+    partial = files.partial_for(directory, int(manifest["step"]))
+    storage.rmtree(partial)
+    storage.makedirs(partial)
+    try:
+        entries = tensor_io.write(partial, pieces, hash_remote or _hash_here)
+    except BaseException:
+        storage.rmtree(partial)
+        raise
+    return files.publish(directory, partial, {**manifest, "files": entries})
+
+
+def _hash_here(partial: Any, task: str, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Without a hashing service, this task hashes the files another task wrote."""
+    return remote_hashing.hash_files(partial, names)
 
 
 def save(model: Any, directory: str | os.PathLike, *, epoch: int = 0, batch: int = 0,
-         extra: dict[str, Any] | None = None, write_files: bool = True) -> Path | None:
+         extra: dict[str, Any] | None = None, write_files: bool = True) -> Any:
     """Captures ``model`` and writes a checkpoint named after its optimizer step.
 
     Args:
@@ -169,29 +231,25 @@ def save(model: Any, directory: str | os.PathLike, *, epoch: int = 0, batch: int
 
 
 def save_position(model: Any, directory: str | os.PathLike, data: dict[str, Any], *,
-                  extra: dict[str, Any] | None = None, write_files: bool = True) -> Path | None:
+                  extra: dict[str, Any] | None = None, write_files: bool = True) -> Any:
     """``save`` with the full data position: ``epoch``, ``batch``,
     ``iterator_position`` (batches drawn from the live iterator) and
     ``iterator_persists`` (whether that iterator spans epochs)."""
-    arrays, manifest = snapshot(model, data, extra=extra)
+    pieces, manifest = snapshot(model, data, extra=extra, writes=write_files)
     if not write_files:
         return None
-    return write(directory, arrays, manifest)
+    return write(directory, pieces, manifest, hasher_for(model, directory))
 
 
-def snapshot(model: Any, data: dict[str, Any], *,
-             extra: dict[str, Any] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """The values of a checkpoint in host memory and its manifest (``files.write`` them).
+def parameter_server(model: Any) -> bool:
+    """Whether ``model`` lives in a hybridpar parameter-server strategy (its ps write and read)."""
+    state = state_of(getattr(model, "_distribute_strategy", None))
+    return state is not None and state.mode == "parameter_server"
 
-    Every worker of a multi-worker strategy must call this at the same step
-    (see ``capture``).
-    """
-    arrays, specs = capture(model)
-    optimizer = getattr(model, "optimizer", None)
-    step = int(optimizer.iterations.numpy()) if optimizer is not None else 0
-    manifest = {**(extra or {}), "step": step, "data": data, "variables": specs,
-                "created": time.time()}
-    return arrays, manifest
+
+def hasher_for(model: Any, directory: str | os.PathLike) -> tensor_io.Hasher | None:
+    """How the files other tasks write are hashed: by those tasks, in parameter-server mode."""
+    return remote_hashing.Requester(directory) if parameter_server(model) else None
 
 
 def restore(model: Any, source: str | os.PathLike, *, optimizer: bool = True) -> Found:
@@ -199,7 +257,7 @@ def restore(model: Any, source: str | os.PathLike, *, optimizer: bool = True) ->
 
     Args:
         model: a built Keras model, created in whatever scope it will train or
-            predict in (one device, mirrored, multi-worker).
+            predict in (one device, mirrored, multi-worker, parameter server).
         source: a checkpoint directory (``.../ckpt-00000123``) or a directory
             of checkpoints, whose newest undamaged one is used.
         optimizer: restore the optimizer's variables (step, slots) too.
@@ -212,16 +270,17 @@ def restore(model: Any, source: str | os.PathLike, *, optimizer: bool = True) ->
         CheckpointDamagedError: when the chosen checkpoint (or every one) is damaged.
         CheckpointMismatchError: naming the variables that do not match.
     """
-    source = Path(source)
-    if step_of(source) is not None:
-        found: Found | None = Found(source, verify(source))
+    deep = not parameter_server(model)  # there the ps check what they read (CRC32C)
+    if files.step_of(source) is not None:
+        found: Found | None = Found(storage.location(source), files.verify(source, deep=deep))
     else:
-        found = latest(source)
+        found = files.latest(source, deep=deep)
     if found is None:
         raise FileNotFoundError(
             f"No checkpoint in {source} (expected directories named ckpt-<step>). "
             "Check the path, or train with checkpoint.dir set to write one."
         )
     ensure_built(model)
-    apply(model, found.path, found.manifest, read_arrays(found.path), optimizer=optimizer)
+    apply(model, found.path, found.manifest, reader(found.path, found.manifest),
+          optimizer=optimizer)
     return found

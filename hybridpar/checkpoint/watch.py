@@ -1,4 +1,4 @@
-"""Watching a checkpoint directory for new checkpoints, as the evaluator task does (numpy only).
+"""Watching a checkpoint directory for new checkpoints, as the evaluator task does.
 
 The chief writes ``ckpt-<step>`` directories (atomically) into
 ``checkpoint.dir``, deletes all but the newest ``checkpoint.keep`` and, when
@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from hybridpar.checkpoint import files
+from hybridpar.checkpoint import files, storage
 from hybridpar.errors import CheckpointDamagedError, ConfigError
 
 logger = logging.getLogger("hybridpar")
@@ -51,13 +51,31 @@ class Event:
         return files.step_of(self.path)
 
 
-def read(path: Path) -> Event:
-    """One checkpoint as an ``Event``: read whole, or why it cannot be."""
+def _load(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A checkpoint's manifest and model weights as host arrays (either format)."""
+    manifest = files.read_manifest(path)
+    if manifest["format"] == files.FORMAT:
+        return files.load(path)
+    files.check_files(path, manifest)
+    import tensorflow as tf  # format 2 is read by TensorFlow
+
+    from hybridpar.checkpoint import tensor_io
+
     try:
-        manifest, arrays = files.load(path)
+        return manifest, tensor_io.arrays_of(path, manifest["variables"], ["model"])
+    except tf.errors.OpError as err:
+        raise CheckpointDamagedError(f"{path}: {err.message.splitlines()[0]}") from None
+
+
+def read(path: Path) -> Event:
+    """One checkpoint as an ``Event``: its weights read whole, or why they cannot be."""
+    try:
+        manifest, arrays = _load(path)
     except FileNotFoundError:
         return Event("deleted", path)
     except CheckpointDamagedError as err:
+        if not storage.isdir(path):
+            return Event("deleted", path)
         return Event("damaged", path, reason=str(err))
     return Event("checkpoint", path, manifest, arrays)
 
@@ -90,6 +108,8 @@ def check_readable(directory: Path) -> None:
     Raises:
         ConfigError: naming ``checkpoint.dir``, the directory and the problem.
     """
+    if storage.scheme(directory):  # gs://, s3://, ...: listing it is the check
+        return
     problem = None
     try:
         existing = directory
@@ -130,7 +150,7 @@ class CheckpointWatcher:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.directory = Path(directory)
+        self.directory = storage.location(directory)
         self.poll_seconds = poll_seconds
         self.timeout_seconds = timeout_seconds
         self._clock, self._sleep = clock, sleep

@@ -1,15 +1,17 @@
 """Checkpoint files written off the training path: one background write at a time.
 
-``PeriodicCheckpoint`` captures a checkpoint's values into host memory in the
-training loop (every worker takes part; that is the only part that blocks a
-step) and hands them to a ``BackgroundWriter``, which writes ``state.npz``,
-hashes it, writes the manifest, fsyncs, renames the partial directory into
-place and prunes old checkpoints in a thread (``files.write``,
-``files.prune``). The captured arrays are the values at the save's step:
-TensorFlow copies a variable's buffer before updating it while a read of it
-is alive, so training on does not change them.
+``PeriodicCheckpoint`` snapshots a checkpoint's values in the training loop
+(tensors on the variables' own devices, ``tensor_io.snapshot``; every
+worker takes part, and that is the only part that blocks a step) and hands
+them to a ``BackgroundWriter``, which in a thread has each task write its
+data file, merges the index, collects every file's size and SHA-256 from the
+task that wrote it, writes the manifest, publishes the partial directory and
+prunes old checkpoints (``model_state.write``, ``files.prune``). TensorFlow
+copies a variable's buffer before updating it while a read of it is alive,
+so training on does not change the snapshot.
 
-- One write is in flight at a time: ``submit`` waits for the previous one.
+- One snapshot is alive at a time: ``submit`` waits for the previous write
+  before the next snapshot is taken.
 - ``wait()`` blocks until the write in flight is done; the callback calls it
   at the end of ``fit`` and before a preemption exit. The thread is not a
   daemon, so a process that exits normally finishes the write first.
@@ -26,12 +28,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from hybridpar.checkpoint import files
+from hybridpar.checkpoint import files, storage
 from hybridpar.errors import CheckpointWriteError
 
 logger = logging.getLogger("hybridpar")
@@ -50,9 +50,10 @@ class BackgroundWriter:
         """True while a write is in flight."""
         return self._thread is not None and self._thread.is_alive()
 
-    def submit(self, directory: str | os.PathLike, arrays: dict[str, np.ndarray],
-               manifest: dict[str, Any], keep: int) -> Path:
-        """Starts writing one checkpoint (after the previous write finished).
+    def submit(self, directory: str | os.PathLike, step: int,
+               write: Callable[[], Any], keep: int) -> Any:
+        """Starts ``write()`` of checkpoint ``step`` (the previous write has finished:
+        call ``wait`` before taking the snapshot that ``write`` writes).
 
         Returns:
             The checkpoint directory the write will create.
@@ -61,10 +62,10 @@ class BackgroundWriter:
             CheckpointWriteError: if the previous write failed.
         """
         self.wait()
-        path = Path(directory) / files.checkpoint_name(int(manifest["step"]))
+        path = storage.join(directory, files.checkpoint_name(step))
         self._thread = threading.Thread(
-            target=self._write, args=(Path(directory), arrays, manifest, keep),
-            name=f"hybridpar-checkpoint-{path.name}", daemon=False,
+            target=self._write, args=(directory, step, write, keep),
+            name=f"hybridpar-checkpoint-{files.checkpoint_name(step)}", daemon=False,
         )
         self._thread.start()
         return path
@@ -83,18 +84,19 @@ class BackgroundWriter:
         if failure is not None:
             raise failure
 
-    def _write(self, directory: Path, arrays: dict[str, np.ndarray], manifest: dict[str, Any],
+    def _write(self, directory: str | os.PathLike, step: int, write: Callable[[], Any],
                keep: int) -> None:
-        name = files.checkpoint_name(int(manifest["step"]))
+        name = files.checkpoint_name(step)
         try:
-            files.write(directory, arrays, manifest)
+            write()
             files.prune(directory, keep)
         except Exception as err:  # reported to the training thread, never dropped
-            previous = [p.name for p in files.list_checkpoints(directory)]
+            previous = [storage.name(p) for p in files.list_checkpoints(directory)]
             intact = f"the newest complete one is {previous[-1]}" if previous else "none exists"
+            message = (getattr(err, "message", None) or str(err)).splitlines()[0]
             failure = CheckpointWriteError(
                 f"Writing checkpoint {name} in {directory} failed in the background "
-                f"({type(err).__name__}: {err}). Earlier checkpoints are intact ({intact}). "
+                f"({type(err).__name__}: {message}). Earlier checkpoints are intact ({intact}). "
                 "Free space or fix the directory, then resume from the newest checkpoint."
             )
             failure.__cause__ = err

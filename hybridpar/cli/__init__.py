@@ -1,8 +1,8 @@
-"""The ``hybridpar`` command: ``train``, ``launch`` and ``tf-config``.
+"""The ``hybridpar`` command: ``train``, ``launch``, ``tf-config`` and ``checkpoint``.
 
 ``main`` only dispatches: ``hybridpar train`` lives in ``cli.train_command`` (it
 imports TensorFlow), ``launch`` and ``tf-config`` in ``hybridpar.launch``
-(plain Python).
+(plain Python), ``checkpoint export`` in ``hybridpar.checkpoint.export``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ COMMANDS = {
     "launch": "start a cluster: hybridpar launch [--engine local|ray] --workers N [--ps M] "
               "[--evaluator] -- CMD ...",
     "tf-config": "print the TF_CONFIG for one task of a cluster",
+    "checkpoint": "checkpoint export CKPT --to model.weights.h5: weights for plain Keras",
 }
 USAGE = "usage: hybridpar COMMAND [FLAGS]\n\ncommands:\n" + "".join(
-    f"  {name:8s}{text}\n" for name, text in COMMANDS.items()
+    f"  {name:11s}{text}\n" for name, text in COMMANDS.items()
 )
 
 
@@ -42,6 +43,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from hybridpar.cli import train_command
 
         train_command.run([f"hybridpar {command}", *argv[2:]])
+    if command == "checkpoint":
+        from hybridpar.checkpoint import export
+
+        sys.exit(export.main(argv[2:]))
     from hybridpar.launch import args
 
     run = args.main if command == "launch" else args.tf_config_main

@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import keras
 import tensorflow as tf
 from keras.src.trainers.data_adapters import data_adapter_utils
 
-from hybridpar.checkpoint import files, model_state, watch
+from hybridpar.checkpoint import files, model_state, storage, watch
 from hybridpar.compat import runner_routing
 from hybridpar.errors import ConfigError
 from hybridpar.state import StrategyState
@@ -58,9 +57,10 @@ class EvaluatorRunner:
 
     def __init__(self, state: StrategyState) -> None:
         self.state = state
-        self.directory = Path(state.config.checkpoint.dir)
+        self.directory = storage.location(state.config.checkpoint.dir)
         settings = state.config.evaluator
-        self.log_dir = Path(settings.log_dir or self.directory / "evaluator")
+        self.log_dir = storage.location(settings.log_dir
+                                        or storage.join(self.directory, "evaluator"))
         self.watcher = watch.CheckpointWatcher(
             self.directory, poll_seconds=settings.poll_seconds,
             timeout_seconds=settings.timeout_seconds,

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 import tensorflow as tf
 
+from hybridpar.checkpoint import remote_hashing
 from hybridpar.compat import ps_chief, ps_evaluator_job
 from hybridpar.config import PartitionerConfig
 from hybridpar.state import OwnedStrategy, StrategyState
@@ -84,6 +85,9 @@ def build(state: StrategyState) -> HybridParameterServerStrategy:
         RuntimeMismatchError: for a cluster that cannot train this way.
     """
     cluster = check_cluster(state.cluster, state.config)
+    if cluster.task_type == "ps" and state.config.checkpoint.dir is not None:
+        # This ps writes its own checkpoint files; it hashes them for the manifest too.
+        remote_hashing.serve_in_background(state.config.checkpoint.dir, f"ps:{cluster.task_index}")
     if cluster.task_type in ("worker", "ps"):
         serve(cluster)
     strategy = HybridParameterServerStrategy(state)

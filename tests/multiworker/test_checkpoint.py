@@ -134,7 +134,7 @@ def test_two_workers_to_one_process_and_back_with_a_damaged_latest(tmp_path, ref
     local = single(script(tmp_path / "local", tmp_path / "b", "--epochs", "1",
                           "--every_steps", "4"))
     assert local.returncode == 0, local.stderr[-4000:]
-    state = tmp_path / "b" / "ckpt-00000015" / "state.npz"
+    state = tmp_path / "b" / "ckpt-00000015" / "state.data-00000-of-00001"
     state.write_bytes(state.read_bytes()[:100])
     shutil.rmtree(tmp_path / "cluster")
     run = launch(script(tmp_path / "cluster", tmp_path / "b"))
@@ -146,3 +146,21 @@ def test_two_workers_to_one_process_and_back_with_a_damaged_latest(tmp_path, ref
         assert resumed["restored_step"] == 12 and resumed["steps"] == STEPS
         assert resumed["topology"]["mode"] == "none"
         assert max_weight_diff(resumed, reference) <= 1e-5
+
+
+def test_a_worker_that_cannot_see_the_chiefs_checkpoint_fails_at_once_naming_it(tmp_path):
+    # Each task gets a directory of its own, as on machines without shared storage: the
+    # chief writes into its own, worker:1's stays empty.
+    per_task = str(tmp_path / "{task}")
+    first = launch(script(tmp_path / "out", per_task, "--epochs", "1"))
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert [p.name for p in (tmp_path / "worker-0").iterdir()] != []
+    assert not list((tmp_path / "worker-1").glob("ckpt-*"))
+    run = launch(script(tmp_path / "out", per_task, "--epochs", "2"))
+    assert run.returncode != 0
+    expected = (f"[worker:1] hybridpar.errors.ConfigError: The chief chose checkpoint "
+                f"{tmp_path}/worker-0/ckpt-00000015 (step 15) to restore, but worker:1 cannot "
+                f"see it at {tmp_path}/worker-1/ckpt-00000015")
+    assert expected in run.stderr, run.stderr[-4000:]
+    assert "checkpoint.dir must be a directory that every worker shares" in run.stderr
+    assert "Epoch 2/2" not in run.stdout  # nobody trained on from a checkpoint of its own

@@ -180,3 +180,31 @@ def test_parameter_server_preset_through_launch(tmp_path, clicks_data_dir, tenso
     assert set(tensorboard_scalars(model_dir / "logs" / "evaluation")) == {60, 120}
     reloaded = keras.models.load_model(model_dir / "model.keras")
     assert reloaded.get_layer("item_embedding").embeddings.shape == (100_000, 16)
+
+
+def test_a_checkpoint_of_two_ps_resumes_on_three_each_ps_writing_its_shards(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    args = ("--steps", "20", "--checkpoint_dir", str(checkpoints))
+    first = launch(1, 2, *train_ps(tmp_path / "two", "--epochs", "1", *args))
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert "did not hash the checkpoint files it wrote" not in first.stderr
+    (written,) = hybridpar.checkpoint.list_checkpoints(checkpoints)
+    manifest = json.loads((written / "manifest.json").read_text())
+    # One data file per task holding variables, hashed by the task that wrote it.
+    tasks = {name: entry["task"] for name, entry in manifest["files"].items()}
+    assert tasks.pop("state.index") == "chief:0"  # the chief merged the index
+    data_files = sorted(tasks)
+    assert {tasks[name] for name in data_files[-2:]} == {"ps:0", "ps:1"}
+    assert len(set(tasks.values())) == len(tasks)  # one data file per task
+    # The table and its Adam slots are one logical tensor each, whatever the shards.
+    specs = {v["path"]: v["shape"] for group in ("model", "optimizer")
+             for v in manifest["variables"][group]}
+    assert [shape for path, shape in specs.items() if "item_embedding" in path] == [
+        [4000, 16]] * 3
+    resumed = launch(1, 3, *train_ps(tmp_path / "three", "--epochs", "2", "--shards", "3",
+                                     *args))
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    run = chief(tmp_path / "three")
+    assert run["epochs_run"] == [1] and run["iterations"] == 40  # the optimizer step restored
+    assert sorted(shape[0] for _, shape in run["table_shards"]) == [1333, 1333, 1334]
+    assert "variables on 2 parameter server(s), resumed on" in resumed.stderr

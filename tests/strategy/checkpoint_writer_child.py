@@ -6,9 +6,10 @@ script,
     python checkpoint_writer_child.py CKPT_DIR
 
 it trains with ``checkpoint.every_steps: 2``; from the second checkpoint on,
-the state file is written in two halves, and between them the process
-prints ``HALF-WRITTEN <writer thread>`` and waits, so the parent can SIGKILL
-it mid-write (a fault injected into the write, in a real process).
+once the state files are written but before they are hashed and the
+checkpoint is published, the process prints ``HALF-WRITTEN <writer thread>``
+and waits, so the parent can SIGKILL it mid-write (a fault injected into
+the write, in a real process).
 """
 
 import pathlib
@@ -19,7 +20,7 @@ import keras
 import numpy as np
 
 import hybridpar
-from hybridpar.checkpoint import files
+from hybridpar.checkpoint import storage
 
 
 def train(directory: pathlib.Path, callbacks=()) -> tuple[keras.Model, object]:
@@ -40,21 +41,21 @@ def train(directory: pathlib.Path, callbacks=()) -> tuple[keras.Model, object]:
 
 
 def half_then_wait(original):
-    calls = []
+    checkpoints = []
 
-    def savez(stream, **arrays):
-        calls.append(1)
-        if len(calls) == 1:
-            return original(stream, **arrays)
-        original(stream, **dict(list(arrays.items())[: len(arrays) // 2]))
-        stream.flush()
+    def sha256_of(path):
+        partial = storage.name(str(path).rsplit("/", 1)[0])
+        if partial not in checkpoints:
+            checkpoints.append(partial)
+        if len(checkpoints) == 1:
+            return original(path)
         print(f"HALF-WRITTEN {threading.current_thread().name}", flush=True)
         threading.Event().wait()  # until killed
 
-    return savez
+    return sha256_of
 
 
 if __name__ == "__main__":
     hybridpar.testing.use_logical_cpus(1)
-    files.np.savez = half_then_wait(files.np.savez)
+    storage.sha256_of = half_then_wait(storage.sha256_of)
     train(pathlib.Path(sys.argv[1]))

@@ -1,7 +1,7 @@
 """Checkpoints written in the background: off the step loop, one at a time, failures reported.
 
-Faults are injected into hybridpar's own writer (``files.np.savez``, the
-call that writes ``state.npz``); training, variables and files are real.
+Faults are injected into hybridpar's own writer (``tensor_io.write``, which
+has every task write its state files); training, variables and files are real.
 """
 
 import errno
@@ -18,7 +18,7 @@ import pytest
 from checkpoint_writer_child import train  # beside this file
 
 import hybridpar
-from hybridpar.checkpoint import files
+from hybridpar.checkpoint import files, tensor_io
 
 pytestmark = pytest.mark.strategy
 
@@ -40,19 +40,20 @@ class Events:
 def test_writes_run_in_the_background_one_at_a_time(tmp_path, monkeypatch):
     events = Events()
     first_write_may_end = threading.Event()
-    original = files.np.savez
+    original = tensor_io.write
     calls = []
 
-    def recorded(stream, **arrays):
+    def recorded(partial, pieces, hash_remote):
         name = threading.current_thread().name
         events.add("write-start", name)
         calls.append(name)
         if len(calls) == 1:
             first_write_may_end.wait(timeout=120)  # the step loop goes on meanwhile
-        original(stream, **arrays)
+        entries = original(partial, pieces, hash_remote)
         events.add("write-end", name)
+        return entries
 
-    monkeypatch.setattr(files.np, "savez", recorded)
+    monkeypatch.setattr(tensor_io, "write", recorded)
 
     class Steps(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -85,17 +86,17 @@ def test_writes_run_in_the_background_one_at_a_time(tmp_path, monkeypatch):
 def test_a_failed_background_write_is_reported_and_keeps_the_previous(
     tmp_path, monkeypatch, caplog
 ):
-    original = files.np.savez
+    original = tensor_io.write
     calls = []
 
-    def disk_full_on_the_second(stream, **arrays):
+    def disk_full_on_the_second(partial, pieces, hash_remote):
         calls.append(threading.current_thread().name)
         if len(calls) == 2:
-            original(stream, **dict(list(arrays.items())[:1]))
+            original(partial, pieces[:1], hash_remote)
             raise OSError(errno.ENOSPC, "No space left on device")
-        original(stream, **arrays)
+        return original(partial, pieces, hash_remote)
 
-    monkeypatch.setattr(files.np, "savez", disk_full_on_the_second)
+    monkeypatch.setattr(tensor_io, "write", disk_full_on_the_second)
     expected = (r"ckpt-00000004 .* failed in the background \(OSError: .*No space left on "
                 r"device\).*newest complete one is ckpt-00000002")
     with caplog.at_level(logging.ERROR, logger="hybridpar"), pytest.raises(
@@ -123,7 +124,7 @@ def test_a_kill_during_the_write_leaves_the_previous_checkpoint(tmp_path):
         child.wait(timeout=60)
     assert line.strip() == "HALF-WRITTEN hybridpar-checkpoint-ckpt-00000004"
     partial = list(tmp_path.glob(".partial-ckpt-00000004-*"))
-    assert len(partial) == 1 and (partial[0] / files.STATE_FILE).stat().st_size > 0
+    assert len(partial) == 1 and (partial[0] / files.INDEX_FILE).stat().st_size > 0
     found = hybridpar.checkpoint.latest(tmp_path)
     assert found.path.name == "ckpt-00000002" and not found.skipped
     _, checkpoint = train(tmp_path)  # the next run removes the partial and resumes

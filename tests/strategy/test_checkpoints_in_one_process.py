@@ -83,7 +83,8 @@ def test_periodic_checkpoints_keep_the_newest_with_a_manifest(tmp_path):
     assert int(model.optimizer.iterations.numpy()) == steps
     assert [p.name for p in callback.checkpoints()] == ["ckpt-00000032", "ckpt-00000036"]
     newest = callback.checkpoints()[-1]
-    assert sorted(p.name for p in newest.iterdir()) == ["manifest.json", "state.npz"]
+    assert sorted(p.name for p in newest.iterdir()) == [
+        "manifest.json", "state.data-00000-of-00001", "state.index"]
     manifest = json.loads((newest / "manifest.json").read_text())
     assert manifest["step"] == 36
     assert manifest["data"] == {"epoch": 2, "batch": 10, "iterator_position": 10,
@@ -91,7 +92,15 @@ def test_periodic_checkpoints_keep_the_newest_with_a_manifest(tmp_path):
     assert manifest["topology"] == {"mode": "none", "num_workers": 1, "num_replicas": 1,
                                     "devices": ["/device:CPU:0"], "global_batch_size": BATCH}
     assert manifest["config"]["checkpoint"]["every_steps"] == 4
-    assert len(manifest["files"]["state.npz"]["sha256"]) == 64
+    assert manifest["format"] == "hybridpar-checkpoint/2"
+    data = manifest["files"]["state.data-00000-of-00001"]
+    assert len(data["sha256"]) == 64 and data["task"] == "localhost:0"
+    assert data["bytes"] == (newest / "state.data-00000-of-00001").stat().st_size
+    # TensorFlow's own reader reads it: every variable whole, under its hybridpar key.
+    shapes = tf.train.load_checkpoint(str(newest / "state")).get_variable_to_shape_map()
+    assert shapes["model/00000"] == list(model.variables[0].shape)
+    assert len(shapes) == sum(len(manifest["variables"][g]) for g in ("model", "optimizer",
+                                                                       "metrics"))
     assert [v["path"] for v in manifest["variables"]["model"]] == [
         v.path for v in model.variables]
     assert manifest["variables"]["optimizer"][0]["path"].endswith("iteration")
@@ -152,7 +161,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog
     with pytest.raises(KeyboardInterrupt):
         train(tmp_path / "ckpt", crash_at=19)
     latest = tmp_path / "ckpt" / "ckpt-00000016"
-    state = latest / "state.npz"
+    state = latest / "state.data-00000-of-00001"
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # truncated
     (tmp_path / "ckpt" / ".partial-ckpt-00000020-999").mkdir()  # a write that never finished
     reference, _, _ = train(tmp_path / "reference")
@@ -171,12 +180,12 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog
 def test_a_corrupted_byte_is_found_by_the_checksum(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         train(tmp_path / "ckpt", crash_at=9)
-    state = tmp_path / "ckpt" / "ckpt-00000008" / "state.npz"
+    state = tmp_path / "ckpt" / "ckpt-00000008" / "state.data-00000-of-00001"
     data = bytearray(state.read_bytes())
     data[-200] ^= 0xFF
     state.write_bytes(bytes(data))
-    with pytest.raises(CheckpointDamagedError, match=r"state.npz has SHA-256 .* the manifest "
-                       r"says"):
+    with pytest.raises(CheckpointDamagedError, match=r"state.data-00000-of-00001 has SHA-256 .* "
+                       r"the manifest says"):
         hybridpar.checkpoint.verify(state.parent)
     assert hybridpar.checkpoint.latest(tmp_path / "ckpt").step == 4
 

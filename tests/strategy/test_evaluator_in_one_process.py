@@ -127,7 +127,7 @@ def test_evaluate_and_predict_follow_the_newest_checkpoint(chief):
 
 def test_a_damaged_checkpoint_is_skipped_and_the_rest_evaluated(chief, caplog):
     _, history, directory = chief
-    state = directory / "ckpt-00000016" / "state.npz"
+    state = directory / "ckpt-00000016" / "state.data-00000-of-00001"
     state.write_bytes(state.read_bytes()[:100])
     _, model = evaluator(directory)
     x, y, validation = data()

@@ -22,6 +22,7 @@ PURE_MODULES = [
     "hybridpar.parallel.schedule",
     "hybridpar.parallel.compression_plan",
     "hybridpar.checkpoint.files",
+    "hybridpar.checkpoint.manifest",
     "hybridpar.checkpoint.watch",
     "hybridpar.launch",
 ]

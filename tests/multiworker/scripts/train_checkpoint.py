@@ -81,7 +81,9 @@ def main() -> None:
     keras.utils.set_random_seed(11)
     config = {
         "data": {"global_batch_size": GLOBAL_BATCH, "shard_policy": "data"},
-        "checkpoint": {"dir": args.ckpt, "every_steps": args.every_steps, "every_epochs": 1,
+        # --ckpt DIR/{task} gives each task a directory of its own (not shared)
+        "checkpoint": {"dir": args.ckpt.format(task=task.replace(":", "-")),
+                       "every_steps": args.every_steps, "every_epochs": 1,
                        "keep": 3},
         "communication": {"timeout_seconds": 60, "compression": args.compression},
         "evaluator": {"poll_seconds": 0.2},

@@ -1,0 +1,203 @@
+"""Checkpoint state in TensorFlow's tensor-bundle format, written by the tasks that hold it.
+
+``snapshot`` reads every part of every logical variable (``layout``) into a
+tensor on the variable's own device: nothing is copied to the chief, and
+TensorFlow copies a variable's buffer before an update while such a read is
+alive, so training on does not change the snapshot. ``write`` then runs one
+``SaveV2`` per task that holds parts (each parameter server writes its own
+shards and slots to ``checkpoint.dir`` from its own process) and merges the
+bundles' indexes on this task (``MergeV2Checkpoints``), as
+``tf.train.Checkpoint``'s multi-device saver does. A sharded variable is
+saved as row slices of one logical tensor. ``BundleReader`` restores each
+part with a ``RestoreV2`` placed on the part's device, asking for exactly its
+rows (the slices are re-cut on read), so a parameter server reads its rows
+itself and the chief never holds a table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import context
+from tensorflow.python.ops import gen_io_ops
+
+from hybridpar.checkpoint import storage
+from hybridpar.checkpoint.layout import Logical, Part
+from hybridpar.checkpoint.manifest import INDEX_FILE, STATE_PREFIX, data_file, key, slice_spec
+from hybridpar.errors import CheckpointDamagedError, ConfigError
+
+_HOST_RE = re.compile(r"^(/job:[^/]+/replica:\d+/task:\d+)")
+
+# (partial directory, task, files it wrote) -> {name: {"bytes", "sha256"}}
+Hasher = Callable[[Any, str, list[str]], dict[str, dict[str, Any]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """One tensor to write: its key, its slice of the logical tensor and its value."""
+
+    key: str
+    spec: str
+    value: Any
+
+
+def local_host() -> str:
+    """``/job:chief/replica:0/task:0``: this process's task."""
+    return context.context().host_address_space()
+
+
+def host_of(device: str) -> str:
+    """The task part of a device name (this process's task for a local device)."""
+    match = _HOST_RE.match(device or "")
+    return match[1] if match else local_host()
+
+
+def task_name(host: str) -> str:
+    """``ps:1`` for ``/job:ps/replica:0/task:1``."""
+    job = host.split("/job:")[1].split("/")[0]
+    return f"{job}:{host.rsplit('task:', 1)[1]}"
+
+
+def device_of(variable: Any) -> str:
+    """The device of a Keras variable or a shard."""
+    inner = variable._value if isinstance(variable, keras.Variable) else variable
+    return getattr(inner, "device", "") or ""
+
+
+def read(variable: Any) -> Any:
+    """A tensor of ``variable``'s current value, on the variable's device."""
+    inner = variable.value if isinstance(variable, keras.Variable) else variable
+    return tf.convert_to_tensor(inner)
+
+
+def snapshot(groups: dict[str, list[Logical]]) -> list[Piece]:
+    """Reads every part of every logical variable of ``groups`` (see the module doc)."""
+    pieces = []
+    for group, logicals in groups.items():
+        for index, logical in enumerate(logicals):
+            for part in logical.parts:
+                pieces.append(Piece(key(group, index),
+                                    slice_spec(logical.shape, part.offset, part.rows),
+                                    read(part.variable)))
+    return pieces
+
+
+def arrays_as_pieces(arrays: dict[str, np.ndarray]) -> list[Piece]:
+    """Host arrays (PowerSGD's state) as pieces written by this task."""
+    with tf.device(f"{local_host()}/device:CPU:0"):
+        return [Piece(name, "", tf.constant(value)) for name, value in arrays.items()]
+
+
+def write(partial: str | os.PathLike, pieces: Sequence[Piece],
+          hash_remote: Hasher) -> dict[str, dict[str, Any]]:
+    """Writes ``pieces`` into ``partial`` as one bundle, each task its own data file.
+
+    Args:
+        partial: the checkpoint's partial directory (it exists).
+        hash_remote: asks another task for the size and SHA-256 of files it wrote.
+
+    Returns:
+        ``{file name: {"bytes", "sha256", "task"}}`` of every file written.
+    """
+    by_host: dict[str, list[Piece]] = {}
+    for piece in pieces:
+        by_host.setdefault(host_of(piece.value.device), []).append(piece)
+    hosts = sorted(by_host)
+    parts_dir = storage.join(partial, "parts")
+    prefixes = [os.fspath(storage.join(parts_dir, f"part-{i:05d}")) for i in range(len(hosts))]
+    for prefix, host in zip(prefixes, hosts, strict=True):
+        group = by_host[host]
+        with tf.device(f"{host}/device:CPU:0"):
+            gen_io_ops.save_v2(prefix, [p.key for p in group], [p.spec for p in group],
+                               [p.value for p in group])
+    me = local_host()
+    with tf.device(f"{me}/device:CPU:0"):
+        gen_io_ops.merge_v2_checkpoints(prefixes, os.fspath(storage.join(partial, STATE_PREFIX)),
+                                        delete_old_dirs=True)
+    storage.rmtree(parts_dir)
+    entries = {INDEX_FILE: _hash_here(partial, INDEX_FILE, me)}
+    remote: dict[str, list[str]] = {}
+    for shard, host in enumerate(hosts):
+        name = data_file(shard, len(hosts))
+        if host == me:
+            entries[name] = _hash_here(partial, name, me)
+        else:
+            remote.setdefault(host, []).append(name)
+    for host, names in remote.items():
+        for name, entry in hash_remote(partial, task_name(host), names).items():
+            entries[name] = {**entry, "task": task_name(host)}
+    return entries
+
+
+def _hash_here(partial: str | os.PathLike, name: str, host: str) -> dict[str, Any]:
+    size, digest = storage.sha256_of(storage.join(partial, name))
+    return {"bytes": size, "sha256": digest, "task": task_name(host)}
+
+
+class BundleReader:
+    """Reads a format-2 checkpoint's tensors, each part on its own device."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = path
+        self.prefix = os.fspath(storage.join(path, STATE_PREFIX))
+
+    def read(self, name: str, logical: Logical, part: Part) -> Any:
+        """The rows of ``part`` (all of the logical tensor when it is whole), read by the
+        task that holds ``part``.
+
+        Raises:
+            CheckpointDamagedError: when a file fails TensorFlow's CRC32C or is unreadable.
+            ConfigError: when that task cannot see the checkpoint's files.
+        """
+        spec = slice_spec(logical.shape, part.offset, part.rows)
+        host = host_of(device_of(part.variable))
+        try:
+            with tf.device(f"{host}/device:CPU:0"):
+                return gen_io_ops.restore_v2(self.prefix, [name], [spec],
+                                             [tf.as_dtype(logical.dtype)])[0]
+        except tf.errors.NotFoundError as err:
+            raise ConfigError(
+                f"{task_name(host)} cannot read checkpoint {os.fspath(self.path)} "
+                f"({err.message.splitlines()[0]}). checkpoint.dir must be a directory that "
+                "every task shares (the ps tasks read their own rows), not a local directory "
+                "of each machine."
+            ) from None
+        except (tf.errors.DataLossError, tf.errors.OutOfRangeError,
+                tf.errors.InvalidArgumentError) as err:
+            raise CheckpointDamagedError(
+                f"{os.fspath(self.path)}: {name} cannot be read "
+                f"({err.message.splitlines()[0]})") from None
+
+    def array(self, name: str, dtype: str) -> np.ndarray:
+        """One whole tensor as a host array (small state: PowerSGD's, an evaluator's weights)."""
+        with tf.device(f"{local_host()}/device:CPU:0"):
+            return gen_io_ops.restore_v2(self.prefix, [name], [""], [tf.as_dtype(dtype)])[0].numpy()
+
+
+class ArrayReader:
+    """Reads a checkpoint whose values are host arrays already (format 1, an evaluator's read)."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
+        self.arrays = arrays
+
+    def read(self, name: str, logical: Logical, part: Part) -> Any:
+        value = self.arrays[name]
+        return value if part.offset is None else value[part.offset:part.offset + part.rows]
+
+    def array(self, name: str, dtype: str) -> np.ndarray:
+        return self.arrays[name]
+
+
+def arrays_of(path: str | os.PathLike, specs: dict[str, list[dict[str, Any]]],
+              groups: Sequence[str]) -> dict[str, np.ndarray]:
+    """Whole host arrays of ``groups`` of a format-2 checkpoint (the evaluator reads weights)."""
+    reader = BundleReader(path)
+    return {key(group, index): reader.array(key(group, index), spec["dtype"])
+            for group in groups for index, spec in enumerate(specs.get(group, []))}
