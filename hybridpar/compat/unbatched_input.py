@@ -12,10 +12,13 @@ epoch from the dataset it is given, before the strategy sees it. So:
   batches (2 workers, 2 files of 148 and 149 examples in batches of 64: 5
   batches, but each worker takes 6 steps of 32, 32, 32, 32, 10 and 10 or 11):
   Keras would stop at 5 and leave 20 examples out of ``evaluate`` and
-  ``predict``. hybridpar hands Keras the dataset with its count unknown there
-  (a ``filter`` that keeps every element), so the epoch ends when every
-  worker's data has ended (the strategy agrees on it), and Keras learns the
-  count from the first epoch.
+  ``predict``. For evaluation and prediction (``evaluate``, ``predict``,
+  validation data) hybridpar hands Keras the dataset with its count unknown
+  there (a ``filter`` that keeps every element), so they end when every
+  worker's data has ended (the strategy agrees on it). ``fit``'s training
+  data keeps Keras's count: an epoch of unknown length costs a step number
+  (Keras counts the step that meets the end of the data), and ``fit`` on
+  such files is given ``steps_per_epoch`` when the workers' files differ.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ def _batched(original: Any) -> Any:
                     "data.global_batch_size, or batch the dataset yourself."
                 )
             kwargs["x"] = x = x.batch(state.global_batch_size)
-        if (state is not None and kwargs.get("steps_per_epoch") is None
+        evaluating = "class_weight" not in kwargs  # fit's training data passes one
+        if (state is not None and evaluating and kwargs.get("steps_per_epoch") is None
                 and _steps_are_per_worker(state, x)):
             kwargs["x"] = x.filter(_every_element)  # a dataset of unknown cardinality
         original(self, distribute_strategy, *args, **kwargs)
