@@ -12,14 +12,17 @@ Fixes belong to a group, and a group is installed while something holds it:
 
 Every patched function asks first whether the object at hand belongs to
 hybridpar and otherwise calls the original with the same arguments, so code
-that never asked for hybridpar runs Keras's own path. ``uninstall()`` puts
-every original object back, whatever holds a group.
+that never asked for hybridpar runs Keras's own path. A patch says so with
+``owns`` (who it acts on) and ``wrap`` (what it does for them); ``guarded``
+builds the replacement. ``uninstall()`` puts every original object back,
+whatever holds a group.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import threading
 import weakref
@@ -46,12 +49,48 @@ class Patch:
         after: called with the value now in place, after installing (with
             the replacement) and after uninstalling (with the original), for
             attributes that must also be registered elsewhere.
+        owns: who the patch acts on, called with the arguments of each call.
+            When given, ``wrap(original)`` is what owned calls run, and every
+            other call runs the original with the same arguments (see
+            ``guarded``); the attribute must then be a plain function.
     """
 
     owner: Any
     name: str
     wrap: Callable[[Any], Any]
     after: Callable[[Any], None] | None = None
+    owns: Callable[..., bool] | None = None
+
+    def replacement(self, original: Any) -> Any:
+        """What ``owner.<name>`` becomes, built from the value in place now."""
+        if self.owns is None:
+            return self.wrap(original)
+        return guarded(self.wrap, self.owns)(original)
+
+
+def guarded(wrap: Callable[[Any], Any], owns: Callable[..., bool]) -> Callable[[Any], Any]:
+    """``wrap`` acting only on what ``owns`` accepts: elsewhere the original, same arguments.
+
+    The replacement calls ``owns(*args, **kwargs)`` first; when it is false it
+    returns ``original(*args, **kwargs)`` unchanged, so callers that are not
+    hybridpar's run the original exactly. Usable inside a ``wrap`` that
+    composes several behaviours on one attribute.
+    """
+
+    def build(original: Any) -> Any:
+        if isinstance(original, (staticmethod, classmethod, property)):
+            raise TypeError(f"guarded() wraps plain functions. Received: {original!r}.")
+        owned = wrap(original)
+
+        @functools.wraps(original)
+        def replacement(*args: Any, **kwargs: Any) -> Any:
+            if owns(*args, **kwargs):
+                return owned(*args, **kwargs)
+            return original(*args, **kwargs)
+
+        return replacement
+
+    return build
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +185,7 @@ class _Registry:
         for patch in fix.patches:
             raw = vars(patch.owner).get(patch.name, _MISSING)
             current = raw if raw is not _MISSING else getattr(patch.owner, patch.name)
-            replacement = patch.wrap(current)
+            replacement = patch.replacement(current)
             setattr(patch.owner, patch.name, replacement)
             if patch.after is not None:
                 patch.after(getattr(patch.owner, patch.name))
