@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,13 +36,17 @@ def atomic_updates() -> Iterator[None]:
         _atomic.reset(token)
 
 
+def _updated_atomically(op: str) -> Any:
+    def owns(self, *args, **kwargs) -> bool:
+        return _atomic.get() and hasattr(getattr(self, "_value", None), op)
+
+    return owns
+
+
 def _atomic_update(op: str) -> Any:
     def wrap(original: Any) -> Any:
-        @functools.wraps(original)
         def method(self, value):
-            target = getattr(self, "_value", None)
-            if not _atomic.get() or not hasattr(target, op):
-                return original(self, value)
+            target = self._value
             return getattr(target, op)(tf.cast(value, target.dtype))
 
         return method
@@ -55,6 +58,6 @@ FIX = register(Fix(
     name="atomic_updates",
     corrects="Keras Variable.assign_add is a read then a write, losing concurrent updates",
     group="parameter_server",
-    patches=tuple(Patch(keras.Variable, op, _atomic_update(op))
+    patches=tuple(Patch(keras.Variable, op, _atomic_update(op), owns=_updated_atomically(op))
                   for op in ("assign_add", "assign_sub")),
 ))

@@ -12,7 +12,6 @@ deleting.
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any
 
@@ -40,14 +39,21 @@ def _redirect_files(callback: keras.callbacks.Callback, state: StrategyState) ->
         callback.delete_checkpoint = False
 
 
+def _off_chief(model: Any) -> StrategyState | None:
+    state = state_of(getattr(model, "_distribute_strategy", None))
+    return state if state is not None and not state.is_chief else None
+
+
+def _on_worker(self, model) -> bool:
+    return _off_chief(model) is not None
+
+
 def _chief_only(original: Any) -> Any:
-    @functools.wraps(original)
     def set_model(self, model):
-        state = state_of(getattr(model, "_distribute_strategy", None))
-        if state is not None and not state.is_chief:
-            for callback in self.callbacks:
-                _redirect_files(callback, state)
-        original(self, model)
+        state = _off_chief(model)
+        for callback in self.callbacks:
+            _redirect_files(callback, state)
+        return original(self, model)
 
     return set_model
 
@@ -57,5 +63,6 @@ FIX = register(Fix(
     corrects="every worker writes the same TensorBoard, checkpoint and CSV files, and "
              "BackupAndRestore collides on the shared dir",
     group="core",
-    patches=(Patch(keras.callbacks.CallbackList, "set_model", _chief_only),),
+    patches=(Patch(keras.callbacks.CallbackList, "set_model", _chief_only,
+                     owns=_on_worker),),
 ))

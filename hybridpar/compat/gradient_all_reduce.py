@@ -26,7 +26,6 @@ With ``communication.compression`` each stage group is all-reduced by
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -105,12 +104,14 @@ def reduce_gradients(state: StrategyState, grads_and_vars: list[tuple[Any, Any]]
             for gradient, variable in grads_and_vars]
 
 
+def _in_owned_replica(*args: Any, **kwargs: Any) -> bool:
+    return (state_of(tf.distribute.get_strategy()) is not None
+            and tf.distribute.get_replica_context() is not None)
+
+
 def _owned_all_reduce(original: Any) -> Any:
-    @functools.wraps(original)
     def all_reduce_sum_gradients(self, grads_and_vars):
         state = state_of(tf.distribute.get_strategy())
-        if state is None or tf.distribute.get_replica_context() is None:
-            return original(self, grads_and_vars)
         return reduce_gradients(state, list(grads_and_vars), self)
 
     return all_reduce_sum_gradients
@@ -122,5 +123,5 @@ FIX = register(Fix(
              "stages' devices falls back to one reduction per value",
     group="core",
     patches=(Patch(keras_tf_optimizer.TFOptimizer, "_all_reduce_sum_gradients",
-                   _owned_all_reduce),),
+                   _owned_all_reduce, owns=_in_owned_replica),),
 ))

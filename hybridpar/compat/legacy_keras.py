@@ -20,7 +20,6 @@ that message.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 from typing import Any
@@ -55,10 +54,7 @@ def explanation() -> str:
 
 
 def _explained(original: Any) -> Any:
-    @functools.wraps(original)
     def initialize(self):
-        if not legacy_keras_requested():
-            return original(self)
         if state_of(tf.distribute.get_strategy()) is not None:
             raise ImportError(explanation())
         try:
@@ -76,5 +72,6 @@ FIX = register(Fix(
              "with 'Keras cannot be imported'",
     upstream="ray-project/ray#47464",
     group="core",
-    patches=(Patch(lazy_loader.KerasLazyLoader, "_initialize", _explained),),
+    patches=(Patch(lazy_loader.KerasLazyLoader, "_initialize", _explained,
+                     owns=lambda *args, **kwargs: legacy_keras_requested()),),
 ))

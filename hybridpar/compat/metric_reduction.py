@@ -12,7 +12,6 @@ axis=0)``), is ``axis=None``; it is taken for hybridpar's strategies.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from keras.src import tree
@@ -22,16 +21,14 @@ from hybridpar.compat.patching import Fix, Patch, register
 from hybridpar.state import state_of
 
 
+def _owned_mean(values, strategy, reduction) -> bool:
+    return (reduction in ("auto", "mean") and state_of(strategy) is not None
+            and keras_tf_trainer._collective_all_reduce_multi_worker(strategy))
+
+
 def _mean_over_replicas(original: Any) -> Any:
-    @functools.wraps(original)
     def reduce_per_replica(values, strategy, reduction):
-        if (
-            reduction in ("auto", "mean")
-            and state_of(strategy) is not None
-            and keras_tf_trainer._collective_all_reduce_multi_worker(strategy)
-        ):
-            return tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
-        return original(values, strategy, reduction)
+        return tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
 
     return reduce_per_replica
 
@@ -41,5 +38,6 @@ FIX = register(Fix(
     corrects="fit under MultiWorkerMirroredStrategy reduces scalar logs with axis=0 and fails",
     upstream="tensorflow/tensorflow#72388",
     group="core",
-    patches=(Patch(keras_tf_trainer, "reduce_per_replica", _mean_over_replicas),),
+    patches=(Patch(keras_tf_trainer, "reduce_per_replica", _mean_over_replicas,
+                     owns=_owned_mean),),
 ))

@@ -41,16 +41,21 @@ def own_train_step(model: Any) -> type | None:
     return None
 
 
+def _kept_rows() -> Any:
+    share = replica_share.current_share()
+    return None if share is None else share.keep
+
+
+def _splits_batches(self, *args, **kwargs) -> bool:
+    state = state_of(self._distribute_strategy)
+    return state is not None and (state.microbatches > 1 or _kept_rows() is not None)
+
+
 def _microbatched(original: Any) -> Any:
-    @functools.wraps(original)
     def train_step(self, data):
         state = state_of(self._distribute_strategy)
-        share = replica_share.current_share()
-        keep = None if share is None else share.keep
-        if state is None or (state.microbatches == 1 and keep is None):
-            return original(self, data)
         return pipeline.train_step(
-            self, data, state.microbatches, sequential=state.stages == 1, keep=keep
+            self, data, state.microbatches, sequential=state.stages == 1, keep=_kept_rows()
         )
 
     return train_step
@@ -84,7 +89,8 @@ FIX = register(Fix(
     corrects="Keras 3 has no pipelining: its train step cannot split a batch into microbatches",
     group="core",
     patches=(
-        Patch(keras_tf_trainer.TensorFlowTrainer, "train_step", _microbatched),
+        Patch(keras_tf_trainer.TensorFlowTrainer, "train_step", _microbatched,
+              owns=_splits_batches),
         Patch(keras_tf_trainer.TensorFlowTrainer, "make_train_function",
               _checked_before_training),
     ),

@@ -22,7 +22,6 @@ the chief-side ``evaluate`` of parameter-server mode keep Keras's path too.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -59,15 +58,9 @@ def make_function(model: Any, step_function: Callable[[Any], Any]) -> Callable[[
     return function
 
 
-def _owned_step_functions(original: Any) -> Any:
-    @functools.wraps(original)
-    def _make_function(self, step_function):
-        state = state_of(self._distribute_strategy)
-        if state is None or state.mode == "parameter_server" or self.run_eagerly:
-            return original(self, step_function)
-        return make_function(self, step_function)
-
-    return _make_function
+def _traced_replicated(self, *args, **kwargs) -> bool:
+    state = state_of(self._distribute_strategy)
+    return state is not None and state.mode != "parameter_server" and not self.run_eagerly
 
 
 FIX = register(Fix(
@@ -76,5 +69,5 @@ FIX = register(Fix(
              "two eager ops",
     group="core",
     patches=(Patch(keras_tf_trainer.TensorFlowTrainer, "_make_function",
-                   _owned_step_functions),),
+                   lambda original: make_function, owns=_traced_replicated),),
 ))

@@ -62,13 +62,13 @@ def padded_test_step(model: Any, data: Any, keep: tf.Tensor) -> Any:
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 
+def _padded_piece(self, *args, **kwargs) -> bool:
+    return _keep() is not None and state_of(self._distribute_strategy) is not None
+
+
 def _owned_test_step(original: Any) -> Any:
-    @functools.wraps(original)
     def test_step(self, data):
-        keep = _keep()
-        if keep is None or state_of(self._distribute_strategy) is None:
-            return original(self, data)
-        return padded_test_step(self, data, keep)
+        return padded_test_step(self, data, _keep())
 
     return test_step
 
@@ -158,7 +158,8 @@ FIX = register(Fix(
              "from being empty would enter the figures and the outputs",
     group="core",
     patches=(
-        Patch(keras_tf_trainer.TensorFlowTrainer, "test_step", _owned_test_step),
+        Patch(keras_tf_trainer.TensorFlowTrainer, "test_step", _owned_test_step,
+              owns=_padded_piece),
         Patch(keras_tf_trainer.TensorFlowTrainer, "make_predict_function",
               _owned_predict_function),
     ),

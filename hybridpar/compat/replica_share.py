@@ -143,13 +143,14 @@ def weighted_by_share(fn: Callable[..., Any], nominal: int | None,
     return replica_fn
 
 
+def _in_weighted_replica(*args: Any, **kwargs: Any) -> bool:
+    return _share.get() is not None
+
+
 def _scaled_by_share(invert: bool) -> Callable[[Any], Any]:
     def wrap(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        @functools.wraps(original)
         def scale(value):
             share = _share.get()
-            if share is None:
-                return original(value)
             total = share.total()
             factor = tf.math.divide_no_nan(total, share.local) if invert else share.local / total
             return value * tf.cast(factor, value.dtype)
@@ -164,7 +165,9 @@ FIX = register(Fix(
     corrects="a replica's loss is scaled by 1/replicas, misweighting partial batches",
     group="core",
     patches=(
-        Patch(keras_loss, "scale_loss_for_distribution", _scaled_by_share(invert=False)),
-        Patch(keras_loss, "unscale_loss_for_distribution", _scaled_by_share(invert=True)),
+        Patch(keras_loss, "scale_loss_for_distribution", _scaled_by_share(invert=False),
+              owns=_in_weighted_replica),
+        Patch(keras_loss, "unscale_loss_for_distribution", _scaled_by_share(invert=True),
+              owns=_in_weighted_replica),
     ),
 ))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,14 +41,16 @@ def keras_path() -> Iterator[None]:
         _keras_path.reset(token)
 
 
+def _has_runner(self, *args, **kwargs) -> bool:
+    state = state_of(getattr(self, "_distribute_strategy", None))
+    return state is not None and state.runner is not None and not _keras_path.get()
+
+
 def _routed(name: str) -> Any:
     def wrap(original: Any) -> Any:
-        @functools.wraps(original)
         def method(self, *args, **kwargs):
-            state = state_of(getattr(self, "_distribute_strategy", None))
-            if state is None or state.runner is None or _keras_path.get():
-                return original(self, *args, **kwargs)
-            return getattr(state.runner, name)(self, *args, **kwargs)
+            runner = state_of(self._distribute_strategy).runner
+            return getattr(runner, name)(self, *args, **kwargs)
 
         return method
 
@@ -62,6 +63,6 @@ FIX = register(Fix(
              "and no sidecar evaluation",
     upstream="keras-team/keras#18624",
     group="runners",
-    patches=tuple(Patch(keras_tf_trainer.TensorFlowTrainer, name, _routed(name))
+    patches=tuple(Patch(keras_tf_trainer.TensorFlowTrainer, name, _routed(name), owns=_has_runner)
                   for name in ("fit", "evaluate", "predict")),
 ))

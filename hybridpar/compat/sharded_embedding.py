@@ -11,7 +11,6 @@ one is alive.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import keras
@@ -22,17 +21,15 @@ from hybridpar.compat.shard_views import sharded
 from hybridpar.state import state_of
 
 
+def _owned_table(self, *args, **kwargs) -> bool:
+    table = sharded(getattr(self, "_embeddings", None))
+    return (table is not None and state_of(table._distribute_strategy) is not None
+            and not getattr(self, "lora_enabled", False) and not self.quantization_mode)
+
+
 def _shard_by_shard(original: Any) -> Any:
-    @functools.wraps(original)
     def call(self, inputs):
-        table = sharded(getattr(self, "_embeddings", None))
-        if (
-            table is None
-            or state_of(table._distribute_strategy) is None
-            or getattr(self, "lora_enabled", False)
-            or self.quantization_mode
-        ):
-            return original(self, inputs)
+        table = sharded(self._embeddings)
         if inputs.dtype not in (tf.int32, tf.int64):
             inputs = tf.cast(inputs, tf.int32)
         return tf.cast(tf.nn.embedding_lookup(table, inputs), self.compute_dtype)
@@ -44,5 +41,6 @@ FIX = register(Fix(
     name="sharded_embedding",
     corrects="Embedding reads every shard of a sharded table and concatenates them each step",
     group="parameter_server",
-    patches=(Patch(keras.layers.Embedding, "call", _shard_by_shard),),
+    patches=(Patch(keras.layers.Embedding, "call", _shard_by_shard,
+                     owns=_owned_table),),
 ))

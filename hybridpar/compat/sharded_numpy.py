@@ -11,7 +11,6 @@ strategy is alive.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import keras
@@ -22,13 +21,14 @@ from hybridpar.compat.shard_views import sharded
 from hybridpar.state import state_of
 
 
+def _owned_table(self, *args, **kwargs) -> bool:
+    table = sharded(self)
+    return table is not None and state_of(table._distribute_strategy) is not None
+
+
 def _read_whole(original: Any) -> Any:
-    @functools.wraps(original)
     def method(self, *args, **kwargs):
-        table = sharded(self)
-        if table is None or state_of(table._distribute_strategy) is None:
-            return original(self, *args, **kwargs)
-        value = tf.convert_to_tensor(table).numpy()
+        value = tf.convert_to_tensor(sharded(self)).numpy()
         dtype = args[0] if args else kwargs.get("dtype")
         return value.astype(dtype) if dtype is not None else value
 
@@ -39,5 +39,6 @@ FIX = register(Fix(
     name="sharded_numpy",
     corrects="np.asarray of a sharded Keras variable fails, so save_weights/save fail",
     group="parameter_server",
-    patches=tuple(Patch(keras.Variable, name, _read_whole) for name in ("__array__", "numpy")),
+    patches=tuple(Patch(keras.Variable, name, _read_whole, owns=_owned_table)
+                  for name in ("__array__", "numpy")),
 ))

@@ -12,7 +12,6 @@ device, which is stage 0. Installed only while a strategy with
 
 from __future__ import annotations
 
-import functools
 import threading
 from typing import Any
 
@@ -32,17 +31,19 @@ class _StagedCall(threading.local):
 _staged_call = _StagedCall()
 
 
+def _outermost_staged(*args: Any, **kwargs: Any) -> bool:
+    if _staged_call.depth:
+        return False
+    state = state_of(tf.distribute.get_strategy())
+    return state is not None and state.stages > 1
+
+
 def _on_stage_device(original: Any) -> Any:
-    @functools.wraps(original)
     def __call__(self, *args, **kwargs):
-        if _staged_call.depth:
-            return original(self, *args, **kwargs)
         state = state_of(tf.distribute.get_strategy())
-        if state is None or state.stages == 1:
-            return original(self, *args, **kwargs)
         stage = state.placer.rules.resolve(layer_path(self))
         device = state.placer.device_for(stage) if stage is not None else None
-        if device is None:
+        if device is None:  # nothing places the layer: the replica's device, stage 0
             return original(self, *args, **kwargs)
         _staged_call.depth += 1
         try:
@@ -58,5 +59,5 @@ FIX = register(Fix(
     name="stage_calls",
     corrects="under a strategy every op of a replica runs on the replica's first device",
     group="stages",
-    patches=(Patch(keras.Layer, "__call__", _on_stage_device),),
+    patches=(Patch(keras.Layer, "__call__", _on_stage_device, owns=_outermost_staged),),
 ))

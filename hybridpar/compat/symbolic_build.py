@@ -18,7 +18,6 @@ replica's graph.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import tensorflow as tf
@@ -76,13 +75,15 @@ def check_fixed_batch(model: Any, specs: Any, state: StrategyState) -> None:
         )
 
 
+def _owned_distributed(self, iterator=None, data_batch=None) -> bool:
+    return (state_of(self._distribute_strategy) is not None
+            and getattr(iterator, "_distributed_dataset", None) is not None)
+
+
 def _from_specs(original: Any) -> Any:
-    @functools.wraps(original)
     def maybe_symbolic_build(self, iterator=None, data_batch=None):
-        dataset = getattr(iterator, "_distributed_dataset", None)
+        dataset = iterator._distributed_dataset
         state = state_of(self._distribute_strategy)
-        if state is None or dataset is None:
-            return original(self, iterator=iterator, data_batch=data_batch)
         specs = tf.nest.map_structure(
             _per_replica_spec, dataset.element_spec, expand_composites=False
         )
@@ -101,5 +102,6 @@ FIX = register(Fix(
              "to learn shapes",
     upstream="keras-team/keras#20585",
     group="core",
-    patches=(Patch(keras_tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build", _from_specs),),
+    patches=(Patch(keras_tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build", _from_specs,
+                   owns=_owned_distributed),),
 ))

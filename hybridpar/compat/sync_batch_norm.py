@@ -19,7 +19,6 @@ statistics like any example.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import tensorflow as tf
@@ -55,13 +54,14 @@ def synchronized_moments(x: tf.Tensor, axes: list[int], keepdims: bool) -> tuple
     return mean, variance
 
 
+def _in_owned_replica(*args: Any, **kwargs: Any) -> bool:
+    context = tf.distribute.get_replica_context()
+    return context is not None and state_of(context.strategy) is not None
+
+
 def _owned_moments(original: Any) -> Any:
-    @functools.wraps(original)
     def compute_moments_sync(x, axes, keepdims):
-        context = tf.distribute.get_replica_context()
-        if context is None or state_of(context.strategy) is None:
-            return original(x, axes, keepdims)
-        if context.num_replicas_in_sync == 1:
+        if tf.distribute.get_replica_context().num_replicas_in_sync == 1:
             return keras_tf_nn._compute_moments(x, axes, keepdims)
         return synchronized_moments(x, axes, keepdims)
 
@@ -73,5 +73,6 @@ FIX = register(Fix(
     corrects="synchronized batch norm all-reduces through ReplicaContext.all_reduce, whose "
              "registered gradients keep the strategy alive, and computes E[x^2] - E[x]^2",
     group="core",
-    patches=(Patch(keras_tf_nn, "_compute_moments_sync", _owned_moments),),
+    patches=(Patch(keras_tf_nn, "_compute_moments_sync", _owned_moments,
+                     owns=_in_owned_replica),),
 ))

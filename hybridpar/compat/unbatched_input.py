@@ -23,7 +23,6 @@ epoch from the dataset it is given, before the strategy sees it. So:
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import tensorflow as tf
@@ -35,12 +34,15 @@ from hybridpar.errors import ConfigError
 from hybridpar.state import StrategyState, state_of
 
 
+def _owned_strategy(self, distribute_strategy=None, *args, **kwargs) -> bool:
+    return state_of(distribute_strategy) is not None
+
+
 def _batched(original: Any) -> Any:
-    @functools.wraps(original)
     def __init__(self, distribute_strategy=None, *args, **kwargs):
         state = state_of(distribute_strategy)
         x = kwargs.get("x")
-        if state is not None and isinstance(x, tf.data.Dataset) and not inspect.is_batched(x):
+        if isinstance(x, tf.data.Dataset) and not inspect.is_batched(x):
             if state.global_batch_size is None:
                 raise ConfigError(
                     "The dataset given to Keras yields single examples and "
@@ -49,7 +51,7 @@ def _batched(original: Any) -> Any:
                 )
             kwargs["x"] = x = x.batch(state.global_batch_size)
         evaluating = "class_weight" not in kwargs  # fit's training data passes one
-        if (state is not None and evaluating and kwargs.get("steps_per_epoch") is None
+        if (evaluating and kwargs.get("steps_per_epoch") is None
                 and _steps_are_per_worker(state, x)):
             kwargs["x"] = x.filter(_every_element)  # a dataset of unknown cardinality
         original(self, distribute_strategy, *args, **kwargs)
@@ -77,5 +79,6 @@ FIX = register(Fix(
     corrects="Keras counts steps before the strategy sees the dataset, so unbatched input "
              "shows wrong progress",
     group="core",
-    patches=(Patch(keras_tf_trainer.TFEpochIterator, "__init__", _batched),),
+    patches=(Patch(keras_tf_trainer.TFEpochIterator, "__init__", _batched,
+                   owns=_owned_strategy),),
 ))
