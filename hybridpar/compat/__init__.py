@@ -70,7 +70,15 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     weight_gradient_split,
     xla_replicas,
 )
-from hybridpar.compat.patching import Fix, hold, holding, installed, known, uninstall
+from hybridpar.compat.patching import (
+    Fix,
+    hold,
+    holding,
+    installed,
+    is_installed,
+    known,
+    uninstall,
+)
 from hybridpar.compat.versions import VERIFIED_KERAS, VERIFIED_TF, check_versions
 
 
@@ -79,16 +87,17 @@ def describe() -> str:
     import keras
     import tensorflow as tf
 
-    active = {fix.name for fix in installed()}
+    active = {fix.name for fix in known() if is_installed(fix)}
     lines = [
         f"hybridpar Keras/TF fixes (TensorFlow {tf.__version__}, Keras {keras.__version__}; "
         f"verified on TensorFlow {', '.join(VERIFIED_TF)}, Keras {', '.join(VERIFIED_KERAS)})"
     ]
     for fix in known():
-        if not fix.patches:
+        if not fix.patches and not fix.part_of:
             status = "override in hybridpar's strategies"
         else:
             status = "installed" if fix.name in active else f"not installed ({fix.group})"
+            status += f", in {fix.part_of}'s patch" if fix.part_of else ""
         upstream = f" [{fix.upstream}]" if fix.upstream else ""
         lines.append(f"  {fix.name:20s} {status:36s} {fix.corrects}{upstream}")
     return "\n".join(lines)

@@ -11,35 +11,39 @@ and before the first trace, creates them eagerly for models under a strategy
 hybridpar built with ``compression: powersgd``, so that the traced step
 creates no variables. (A custom training loop gets them from its first step,
 through ``merge_call``; checkpoint restores create them too.)
+
+``make_train_function`` belongs to ``microbatch_step``'s patch, which runs
+``prepared`` last, just before Keras builds the function.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-from keras.src.backend.tensorflow import trainer as keras_tf_trainer
-
-from hybridpar.compat.patching import Fix, Patch, register
+from hybridpar.compat.patching import Fix, guarded, register
 from hybridpar.state import state_of
 
 
-def _prepared(original: Any) -> Any:
-    @functools.wraps(original)
-    def make_train_function(self, force=False):
-        state = state_of(self._distribute_strategy)
-        if state is not None and state.compression is not None:
-            state.compression.prepare(self)
-        return original(self, force)
+def _compresses(self, *args: Any, **kwargs: Any) -> bool:
+    state = state_of(self._distribute_strategy)
+    return state is not None and state.compression is not None
+
+
+def _prepare(original: Any) -> Any:
+    def make_train_function(self, *args, **kwargs):
+        state_of(self._distribute_strategy).compression.prepare(self)
+        return original(self, *args, **kwargs)
 
     return make_train_function
 
+
+prepared = guarded(_prepare, _compresses)
 
 FIX = register(Fix(
     name="gradient_compression",
     corrects="tf.distribute has no gradient compression; PowerSGD's per-replica state must "
              "exist before the train step is traced",
     group="core",
-    patches=(Patch(keras_tf_trainer.TensorFlowTrainer, "make_train_function", _prepared),),
     upstream="tensorflow/tensorflow#40468",
+    part_of="microbatch_step",
 ))

@@ -21,6 +21,10 @@ variables the connection stranded. Under ``mode: none`` with one stage a
 plain variable is what the strategy would make, so such a model trains as it
 is. ``evaluate`` and ``predict`` of a model built outside the scope only read
 its variables and give the single-device figures, so they pass.
+
+The checks of ``fit`` and ``predict`` run in the patches that own
+``make_train_function`` (``microbatch_step``) and ``make_predict_function``
+(``padded_steps``); this fix patches ``compile`` and ``make_test_function``.
 """
 
 from __future__ import annotations
@@ -124,7 +128,9 @@ def _checked_compile(original: Any) -> Any:
     return compile
 
 
-def _checked_step(call: str) -> Any:
+def checked_step(call: str) -> Any:
+    """Wraps ``make_<step>_function`` of ``call`` (fit, evaluate, predict) with its checks."""
+
     def wrap(original: Any) -> Any:
         @functools.wraps(original)
         def make_function(self, force=False):
@@ -148,11 +154,7 @@ FIX = register(Fix(
         # On the class that defines it: load_model compiles a model only when
         # `type(model).compile` is `Trainer.compile` (compile_from_config).
         Patch(keras_trainer.Trainer, "compile", _checked_compile),
-        Patch(keras_tf_trainer.TensorFlowTrainer, "make_train_function",
-              _checked_step("fit")),
         Patch(keras_tf_trainer.TensorFlowTrainer, "make_test_function",
-              _checked_step("evaluate")),
-        Patch(keras_tf_trainer.TensorFlowTrainer, "make_predict_function",
-              _checked_step("predict")),
+              checked_step("evaluate")),
     ),
 ))

@@ -14,7 +14,9 @@ a padded piece (its ``replica_share.Share`` has a keep mask):
 - ``TensorFlowTrainer.test_step`` gives padding sample weight 0, counts only
   the kept examples in the loss tracker and leaves padding out of the
   metrics (the train step does the same, ``microbatch_step``);
-- ``make_predict_function`` builds Keras's predict function with each
+- ``make_predict_function`` (this fix owns its one patch, which then runs
+  ``model_scope``'s check for models that are not hybridpar's) builds
+  Keras's predict function with each
   replica's outputs cut to its kept rows, so ``predict`` returns exactly the
   input's rows, in order, whatever ``predict_step`` the model has; it is
   traced once for any batch size (Keras's traces again for a smaller final
@@ -25,7 +27,6 @@ Everything else, and every model of another strategy, runs Keras's own code.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -35,8 +36,8 @@ from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 from keras.src.trainers.data_adapters import data_adapter_utils
 from tensorflow.python.distribute import values as distribute_values
 
-from hybridpar.compat import replica_share
-from hybridpar.compat.patching import Fix, Patch, register
+from hybridpar.compat import model_scope, replica_share
+from hybridpar.compat.patching import Fix, Patch, compose, guarded, register
 from hybridpar.data import balanced
 from hybridpar.parallel import pipeline
 from hybridpar.state import state_of
@@ -139,12 +140,13 @@ def _any_batch_size(data: Any) -> Any:
     return tf.nest.map_structure(spec_of, data)
 
 
+def _replicated(self, *args: Any, **kwargs: Any) -> bool:
+    state = state_of(self._distribute_strategy)
+    return state is not None and state.mode != "parameter_server"
+
+
 def _owned_predict_function(original: Any) -> Any:
-    @functools.wraps(original)
     def make_predict_function(self, force=False):
-        state = state_of(self._distribute_strategy)
-        if state is None or state.mode == "parameter_server":
-            return original(self, force)
         if self.predict_function is None or force:
             self.predict_function = predict_function(self)
         return self.predict_function
@@ -160,7 +162,9 @@ FIX = register(Fix(
     patches=(
         Patch(keras_tf_trainer.TensorFlowTrainer, "test_step", _owned_test_step,
               owns=_padded_piece),
-        Patch(keras_tf_trainer.TensorFlowTrainer, "make_predict_function",
-              _owned_predict_function),
+        Patch(keras_tf_trainer.TensorFlowTrainer, "make_predict_function", compose(
+            guarded(_owned_predict_function, _replicated),
+            model_scope.checked_step("predict"),
+        )),
     ),
 ))

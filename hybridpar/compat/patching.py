@@ -16,6 +16,12 @@ that never asked for hybridpar runs Keras's own path. A patch says so with
 ``owns`` (who it acts on) and ``wrap`` (what it does for them); ``guarded``
 builds the replacement. ``uninstall()`` puts every original object back,
 whatever holds a group.
+
+One fix owns each attribute: ``register`` refuses a fix that patches an
+attribute another registered fix patches. Behaviours of several fixes on one
+attribute are composed in the owner's patch (``compose``) in a stated order,
+and the others name it in ``part_of``; so installing and reverting never
+depend on the order in which fixes (or groups) come and go.
 """
 
 from __future__ import annotations
@@ -93,6 +99,17 @@ def guarded(wrap: Callable[[Any], Any], owns: Callable[..., bool]) -> Callable[[
     return build
 
 
+def compose(*wraps: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """One wrap made of ``wraps``; a call runs them in the order given, the first outermost."""
+
+    def build(original: Any) -> Any:
+        for wrap in reversed(wraps):
+            original = wrap(original)
+        return original
+
+    return build
+
+
 @dataclasses.dataclass(frozen=True)
 class Fix:
     """One correction of an upstream Keras/TensorFlow behaviour.
@@ -103,7 +120,10 @@ class Fix:
         upstream: the upstream issue, where one exists.
         group: when it is installed (see the module docstring).
         patches: the attributes it replaces; empty for fixes that are
-            overrides in hybridpar's own strategy classes.
+            overrides in hybridpar's own strategy classes, and for fixes
+            that act through another fix's patch.
+        part_of: the fix whose patch runs this one's behaviour, when that
+            fix owns the attribute both need (same group).
     """
 
     name: str
@@ -111,10 +131,15 @@ class Fix:
     group: str
     patches: tuple[Patch, ...] = ()
     upstream: str = ""
+    part_of: str = ""
 
     def __post_init__(self) -> None:
         if self.group not in GROUPS:
             raise ValueError(f"Fix {self.name!r}: unknown group {self.group!r}.")
+        if self.part_of and self.patches:
+            raise ValueError(f"Fix {self.name!r} is part of {self.part_of!r}'s patch, so it "
+                             "patches nothing itself. Received: patches of "
+                             f"{', '.join(p.name for p in self.patches)}.")
 
 
 @dataclasses.dataclass
@@ -137,10 +162,27 @@ class _Registry:
         with self._lock:
             if fix.name in self._fixes and self._fixes[fix.name] is not fix:
                 raise ValueError(f"Two fixes are named {fix.name!r}.")
+            self._check_one_owner(fix)
             self._fixes[fix.name] = fix
             if self._holds[fix.group] and fix.name not in self._applied:
                 self._apply(fix)
         return fix
+
+    def _check_one_owner(self, fix: Fix) -> None:
+        """Raises ValueError when ``fix`` patches an attribute that a registered fix patches."""
+        owners = {(id(patch.owner), patch.name): other.name
+                  for other in self._fixes.values() if other.name != fix.name
+                  for patch in other.patches}
+        for patch in fix.patches:
+            key = (id(patch.owner), patch.name)
+            if key in owners:
+                raise ValueError(
+                    f"Fixes {owners[key]!r} and {fix.name!r} both patch "
+                    f"{_qualified(patch.owner)}.{patch.name}. One fix owns each attribute: "
+                    f"compose the behaviours in {owners[key]!r}'s patch and make "
+                    f"{fix.name!r} part_of it."
+                )
+            owners[key] = fix.name
 
     def fixes(self) -> list[Fix]:
         with self._lock:
@@ -203,6 +245,12 @@ class _Registry:
             if patch.after is not None:
                 patch.after(getattr(patch.owner, patch.name))
         logger.debug("hybridpar: removed Keras/TF fix %s", name)
+
+
+def _qualified(owner: Any) -> str:
+    if isinstance(owner, type):
+        return f"{owner.__module__}.{owner.__qualname__}"
+    return getattr(owner, "__name__", repr(owner))
 
 
 _registry = _Registry()

@@ -11,6 +11,15 @@ strategy, the gradient is built under ``tf.device`` of stage ``k`` in the
 running replica. The function is registered with TensorFlow's C++ tape when
 installed and the original is registered again when removed. Installed only
 while a strategy with ``model_parallel.stages > 1`` is alive.
+
+This fix owns the one patch of ``_gradient_function``, which also carries
+``weight_gradient_split`` (the same group): for each op, first the split
+(which may drop the weight input from the MatMul's gradient), then this
+device placement, then TensorFlow's function. They used to be two patches,
+the second wrapping the first's replacement as its "original" and each
+registering its value with the C++ tape on revert: reverted out of the
+reverse order of installing, the tape would have kept a hybridpar function
+after both were gone. One patch restores and registers TensorFlow's own.
 """
 
 from __future__ import annotations
@@ -23,7 +32,8 @@ from tensorflow.python import pywrap_tfe
 from tensorflow.python.eager import backprop
 from tensorflow.python.framework import ops
 
-from hybridpar.compat.patching import Fix, Patch, register
+from hybridpar.compat import weight_gradient_split
+from hybridpar.compat.patching import Fix, Patch, compose, register
 from hybridpar.parallel.staging import STAGE_SCOPE_RE
 from hybridpar.state import state_of
 
@@ -50,6 +60,7 @@ FIX = register(Fix(
     corrects="a GradientTape builds each gradient on the device active at tape.gradient, "
              "not the forward op's",
     group="stages",
-    patches=(Patch(backprop, "_gradient_function", _on_forward_device,
+    patches=(Patch(backprop, "_gradient_function",
+                   compose(weight_gradient_split.deferring, _on_forward_device),
                    after=pywrap_tfe.TFE_Py_RegisterGradientFunction),),
 ))

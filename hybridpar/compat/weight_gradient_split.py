@@ -15,9 +15,10 @@ input is a weight read is built against the left-hand input only (TF's
 own ``skip_input_indices`` path) and the weight gradient is handed to
 ``hybridpar.parallel.weight_gradients``, which computes it once for the
 whole batch. Every other op, and every tape outside that step, gets the
-original gradient function with the same arguments. Registered with
-TensorFlow's C++ tape when installed (and the previous function again when
-removed), while a strategy with ``model_parallel.stages > 1`` is alive.
+original gradient function with the same arguments. Installed while a
+strategy with ``model_parallel.stages > 1`` is alive, as the outer part of
+``stage_gradients``' patch of ``_gradient_function`` (which registers it
+with TensorFlow's C++ tape).
 """
 
 from __future__ import annotations
@@ -26,15 +27,15 @@ import functools
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python import pywrap_tfe
-from tensorflow.python.eager import backprop
 
-from hybridpar.compat.patching import Fix, Patch, register
+from hybridpar.compat.patching import Fix, register
 from hybridpar.parallel import weight_gradients
 from hybridpar.state import state_of
 
 
-def _deferring(original: Any) -> Any:
+def deferring(original: Any) -> Any:
+    """Wraps a tape gradient function: MatMul weight gradients of a microbatch deferred."""
+
     @functools.wraps(original)
     def gradient_function(op_name, attr_tuple, num_inputs, inputs, outputs, out_grads,
                           skip_input_indices, forward_pass_name_scope):
@@ -59,6 +60,5 @@ FIX = register(Fix(
     corrects="a tape builds a full-size weight-gradient MatMul for every microbatch of a "
              "pipelined step",
     group="stages",
-    patches=(Patch(backprop, "_gradient_function", _deferring,
-                   after=pywrap_tfe.TFE_Py_RegisterGradientFunction),),
+    part_of="stage_gradients",
 ))

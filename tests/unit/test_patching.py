@@ -90,3 +90,43 @@ def test_a_guarded_patch_is_installed_and_removed(registry):
         assert Trainer.step(plain, 2, force=True) == ("original", plain, 2, True)
         assert Trainer.step(owned, 2)[0] == "owned"
     assert vars(Trainer)["step"] is original
+
+
+def test_a_second_fix_on_an_attribute_is_refused_at_registration(registry):
+    first = patching.Fix("first", "test", "core", (patching.Patch(Trainer, "step", _owned_step),))
+    patching.register(first)
+    second = patching.Fix("second", "test", "stages",
+                          (patching.Patch(Trainer, "step", _owned_step),))
+    with pytest.raises(ValueError, match=r"'first' and 'second' both patch .*Trainer\.step"):
+        patching.register(second)
+    assert patching.known() == [first]
+    assert patching.register(first) is first  # the same fix again is no second fix
+
+
+def test_one_fix_patching_an_attribute_twice_is_refused(registry):
+    twice = (patching.Patch(Trainer, "step", _owned_step),) * 2
+    with pytest.raises(ValueError, match="'twice' and 'twice' both patch"):
+        patching.register(patching.Fix("twice", "test", "core", twice))
+
+
+def test_a_fix_that_is_part_of_another_patches_nothing():
+    with pytest.raises(ValueError, match="part of 'owner'"):
+        patching.Fix("part", "test", "core", (patching.Patch(Trainer, "step", _owned_step),),
+                     part_of="owner")
+
+
+def test_compose_runs_the_wraps_in_the_order_given():
+    order = []
+
+    def tagged(tag):
+        def wrap(original):
+            def function(*args):
+                order.append(tag)
+                return original(*args)
+
+            return function
+
+        return wrap
+
+    composed = patching.compose(tagged("first"), tagged("second"))(lambda value: value)
+    assert composed(3) == 3 and order == ["first", "second"]
