@@ -14,15 +14,16 @@ a padded piece (its ``replica_share.Share`` has a keep mask):
 - ``TensorFlowTrainer.test_step`` gives padding sample weight 0, counts only
   the kept examples in the loss tracker and leaves padding out of the
   metrics (the train step does the same, ``microbatch_step``);
-- ``make_predict_function`` (this fix owns its one patch, which then runs
-  ``model_scope``'s check for models that are not hybridpar's) builds
-  Keras's predict function with each
+- ``make_predict_function`` builds Keras's predict function with each
   replica's outputs cut to its kept rows, so ``predict`` returns exactly the
   input's rows, in order, whatever ``predict_step`` the model has; it is
   traced once for any batch size (Keras's traces again for a smaller final
   batch, a second trace of the whole model).
 
 Everything else, and every model of another strategy, runs Keras's own code.
+This fix owns the one patch of ``make_predict_function``: a model it does not
+build the function of goes on to ``model_scope``'s check, then to Keras's (one
+patch for both, as ``microbatch_step`` explains for ``make_train_function``).
 """
 
 from __future__ import annotations
