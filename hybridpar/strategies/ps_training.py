@@ -47,11 +47,12 @@ import tensorflow as tf
 from keras.src.callbacks import callback_list as keras_callback_list
 from keras.src.trainers.data_adapters import data_adapter_utils
 
-from hybridpar.compat import local_job, ps_chief, runner_routing
+from hybridpar.compat import local_job, runner_routing
 from hybridpar.compat.atomic_updates import atomic_updates
 from hybridpar.compat.shard_views import shard_views
 from hybridpar.data import inspect
 from hybridpar.errors import ConfigError, ParameterServerUnavailableError
+from hybridpar.strategies import ps_chief
 from hybridpar.topology.cluster import ClusterInfo
 from hybridpar.topology.ps_cluster import PS_TASK, ps_tasks_in, root_cause
 
