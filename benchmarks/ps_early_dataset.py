@@ -5,7 +5,7 @@ One localhost cluster (chief, 1 worker, 1 ps) started by
 chief makes an in-memory ``from_tensor_slices`` dataset of ``--megabytes`` MB
 before ``hybridpar.scope()`` connects it, then times, side by side:
 
-* ``move``: ``compat.local_job.dataset_on_chief``, what the chief's
+* ``move``: ``strategies.chief_datasets.dataset_on_chief``, what the chief's
   ``evaluate``/``predict``/validation do with such a dataset (a ``take(-1)``
   made on the chief's device; nothing is copied);
 * ``serialize``: ``dataset._as_serialized_graph()``, what re-creating it from
@@ -42,7 +42,7 @@ def run_task(megabytes: int) -> dict:
     import tensorflow as tf
 
     import hybridpar
-    from hybridpar.compat import local_job
+    from hybridpar.strategies import chief_datasets
 
     rows = megabytes * 1024 * 1024 // (64 * 4)
     values = np.random.default_rng(0).random((rows, 64), dtype=np.float32)
@@ -50,7 +50,7 @@ def run_task(megabytes: int) -> dict:
     with hybridpar.scope({"data_parallel": {"mode": "parameter_server"}}):
         pass  # the chief connects here; worker and ps tasks serve and never return
     start = time.perf_counter()
-    moved = local_job.dataset_on_chief(early, "The dataset")
+    moved = chief_datasets.dataset_on_chief(early, "The dataset")
     move = time.perf_counter() - start
     start = time.perf_counter()
     serialized = len(early._as_serialized_graph().numpy())
@@ -58,7 +58,7 @@ def run_task(megabytes: int) -> dict:
     return {"bytes": values.nbytes, "move_s": move, "serialize_s": serialize,
             "serialized_bytes": serialized,
             "same_first_batch": bool(np.array_equal(next(iter(moved)).numpy(), values[:1024])),
-            "cached": local_job.dataset_on_chief(early, "The dataset") is moved}
+            "cached": chief_datasets.dataset_on_chief(early, "The dataset") is moved}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -14,14 +14,35 @@ import dataclasses
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from hybridpar.config import StrategyConfig
-    from hybridpar.parallel.staging import StagePlacer
     from hybridpar.topology.cluster import ClusterInfo
+    from hybridpar.topology.mesh import DeviceMesh
+    from hybridpar.topology.placement import PathEntry, PlacementRules
     from hybridpar.topology.plan import Plan
+
+
+class Placer(Protocol):
+    """What a strategy's stage placer answers (``hybridpar.parallel.staging.StagePlacer``).
+
+    A protocol so that this module, below ``parallel`` in the layers, never
+    imports it.
+    """
+
+    mesh: DeviceMesh
+    rules: PlacementRules
+    mirrored: bool
+    microbatches: int
+
+    def stage_of(self, path: Sequence[PathEntry]) -> int:
+        """The stage of the layer at the end of ``path``."""
+
+    def device_for(self, stage: int) -> str | None:
+        """Stage ``stage``'s device in the replica running now."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -45,7 +66,7 @@ class StrategyState:
     config: StrategyConfig
     plan: Plan
     cluster: ClusterInfo | None
-    placer: StagePlacer
+    placer: Placer
     runner: Any = None
     preemption: Any = None
     compression: Any = None

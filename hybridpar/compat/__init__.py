@@ -1,32 +1,31 @@
-"""Fixes to Keras/TensorFlow internals, one module per upstream behaviour.
+"""Hooks into Keras/TensorFlow internals, one module per upstream behaviour.
 
 Each module names the behaviour it corrects (with the upstream issue where
-one exists) and registers a ``patching.Fix``. Two kinds:
+one exists) and registers a ``patching.Fix``. Most are patches of
+Keras/TensorFlow attributes (``symbolic_build``, ``replica_share``,
+``gradient_all_reduce``, ``metric_reduction``, ``unbatched_input``,
+``chief_files``, ``microbatch_step``, ``legacy_keras``,
+``gradient_compression``, ``optional_outputs``, ``padded_steps``,
+``sync_batch_norm``, ``model_scope`` (models built outside the scope), the
+stage hooks ``stage_marks``/``stage_calls``/``stage_gradients``/
+``weight_gradient_split``, and the parameter-server fixes ``shard_views``,
+``sharded_embedding``, ``sharded_numpy``, ``atomic_updates``, and
+``runner_routing``, which sends ``fit``/``evaluate``/``predict`` to the
+parameter-server chief's or the evaluator's runner): each patched function
+first asks whether the model or strategy at hand is hybridpar's and
+otherwise calls the original with the same arguments. They are installed
+while something needs them (see ``patching``) and ``uninstall()`` restores
+every original. ``step_loop`` and ``xla_replicas`` are the training loops
+``optional_outputs`` builds for owned models, and ``local_job`` tells what
+the parameter-server chief's connection stranded (``model_scope`` checks it).
 
-- overrides used by hybridpar's own strategy classes (``collective_keys``,
-  ``even_batches``, ``collective_restart``, ``staged_variables``, the
-  per-replica hook of ``replica_share``, the leak-free all-reduce of
-  ``replica_all_reduce``, the parameter-server chief's own steps
-  ``ps_chief``, its cluster without the evaluator ``ps_evaluator_job`` and
-  its datasets made before it connected ``local_job``,
-  the training loops ``step_loop`` and ``xla_replicas`` that
-  ``optional_outputs`` builds for owned models, and the batch-norm
-  statistics those average, ``moving_statistics``): they act only on
-  strategies hybridpar built, by construction;
-- patches of Keras/TensorFlow attributes (``symbolic_build``,
-  ``replica_share``, ``gradient_all_reduce``, ``metric_reduction``,
-  ``unbatched_input``, ``chief_files``, ``microbatch_step``, ``legacy_keras``,
-  ``gradient_compression``, ``optional_outputs``, ``padded_steps``, ``sync_batch_norm``,
-  ``model_scope`` (models built outside the scope), the stage hooks
-  ``stage_marks``/``stage_calls``/``stage_gradients``/``weight_gradient_split``, and the
-  parameter-server fixes ``shard_views``, ``sharded_embedding``,
-  ``sharded_numpy``, ``atomic_updates``, and ``runner_routing``, which sends
-  ``fit``/``evaluate``/``predict`` to the parameter-server chief's or the
-  evaluator's runner): each patched
-  function first asks whether the model or strategy at hand is hybridpar's
-  and otherwise calls the original with the same arguments. They are
-  installed while something needs them (see ``patching``) and
-  ``uninstall()`` restores every original.
+The other fixes are overrides in hybridpar's own code, which live in the
+layer that runs them: the collectives in ``hybridpar.parallel``
+(``all_reduce``, ``moving_statistics``) and the strategy classes' overrides in
+``hybridpar.strategies`` (``collective_keys``, ``collective_restart``,
+``even_batches``, ``staged_variables``, ``ps_chief``, ``ps_evaluator_job``,
+``chief_datasets``). ``overrides`` holds their records, so that ``known()``
+and ``describe()`` list every fix; nothing here imports them.
 
 All of it is verified on the TensorFlow/Keras lines in ``versions``; tests in
 ``tests/strategy/test_compat_*.py`` reproduce each upstream behaviour in a
@@ -38,9 +37,6 @@ from __future__ import annotations
 from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     atomic_updates,
     chief_files,
-    collective_keys,
-    collective_restart,
-    even_batches,
     gradient_all_reduce,
     gradient_compression,
     legacy_keras,
@@ -48,12 +44,9 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     metric_reduction,
     microbatch_step,
     model_scope,
-    moving_statistics,
     optional_outputs,
+    overrides,
     padded_steps,
-    ps_chief,
-    ps_evaluator_job,
-    replica_all_reduce,
     replica_share,
     runner_routing,
     shard_views,
@@ -62,7 +55,6 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     stage_calls,
     stage_gradients,
     stage_marks,
-    staged_variables,
     step_loop,
     symbolic_build,
     sync_batch_norm,

@@ -33,9 +33,9 @@ import keras
 import tensorflow as tf
 from keras.src.backend.tensorflow import optimizer as keras_tf_optimizer
 
-from hybridpar.compat import replica_all_reduce
 from hybridpar.compat.patching import Fix, Patch, register
 from hybridpar.compat.replica_share import current_share
+from hybridpar.parallel import all_reduce as replica_all_reduce
 from hybridpar.state import StrategyState, state_of
 
 

@@ -43,9 +43,9 @@ from keras.src import tree
 from keras.src.losses import loss as keras_loss
 from keras.src.trainers.data_adapters import data_adapter_utils
 
-from hybridpar.compat import replica_all_reduce
 from hybridpar.compat.patching import Fix, Patch, register
 from hybridpar.data import balanced
+from hybridpar.parallel import all_reduce as replica_all_reduce
 
 
 @dataclasses.dataclass

@@ -24,8 +24,8 @@ from typing import Any
 import tensorflow as tf
 from keras.src.backend.tensorflow import nn as keras_tf_nn
 
-from hybridpar.compat import replica_all_reduce
 from hybridpar.compat.patching import Fix, Patch, register
+from hybridpar.parallel import all_reduce as replica_all_reduce
 from hybridpar.state import state_of
 
 

@@ -34,10 +34,11 @@ from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 from keras.src.losses import loss as keras_loss
 from keras.src.trainers.data_adapters import data_adapter_utils
 
-from hybridpar.compat import moving_statistics, replica_share
+from hybridpar.compat import replica_share
 from hybridpar.compat.microbatch_step import own_train_step
 from hybridpar.compat.patching import Fix, register
 from hybridpar.errors import ConfigError
+from hybridpar.parallel import moving_statistics
 from hybridpar.state import StrategyState, state_of
 
 FIX = register(Fix(

@@ -8,7 +8,7 @@ its first example, which carry a ``keep`` of 0 (the input's own examples carry
 can give the padding no weight. Each piece is a ``ReplicaBatch``.
 
 ``split_batches`` is what hybridpar's replicated strategies distribute in
-place of the user's dataset (``compat.even_batches``); ``zero_row_if_empty``
+place of the user's dataset (``strategies.even_batches``); ``zero_row_if_empty``
 guards the one case the split cannot see, a replica that TensorFlow's
 distributed iterator hands an empty batch because its worker's input ended
 before another worker's.

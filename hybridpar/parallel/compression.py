@@ -27,9 +27,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from hybridpar.compat.replica_all_reduce import all_reduce_sum
 from hybridpar.config import CommunicationConfig, StrategyConfig
 from hybridpar.errors import ConfigError
+from hybridpar.parallel.all_reduce import all_reduce_sum
 from hybridpar.parallel.compression_plan import CompressionReport, plan
 from hybridpar.parallel.powersgd import PowerSGDState, spec_of
 from hybridpar.topology.plan import Plan

@@ -38,8 +38,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hybridpar.compat.replica_all_reduce import all_reduce_sum
 from hybridpar.config import PowerSGDConfig
+from hybridpar.parallel.all_reduce import all_reduce_sum
 from hybridpar.parallel.compression_plan import GradientSpec, matrix_shape, powersgd_applies
 
 _Q_SEED = 20190531  # the first Q of every replica and worker: the same stateless draw

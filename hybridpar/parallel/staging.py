@@ -3,7 +3,7 @@
 With R replicas x S stages (``hybridpar.topology.mesh.DeviceMesh``) the
 strategy's replicas run on the stage-0 devices. A stage-``k`` layer's
 variables are created mirrored over the stage-``k`` devices of every replica
-(one device under ``mode: none``; see ``hybridpar.compat.staged_variables``),
+(one device under ``mode: none``; see ``hybridpar.strategies.staged_variables``),
 so its gradients are all-reduced within that group and its optimizer slots,
 which Keras colocates with the variable, follow. Its forward ops run under
 ``tf.device`` of stage ``k`` of the running replica, inside a

@@ -1,9 +1,9 @@
 """hybridpar's single-device and mirrored strategies.
 
 Both create each model-parallel stage's variables on that stage's devices
-(``compat.staged_variables``). The mirrored one also has collective keys of
-its own (``compat.collective_keys``), splits uneven batches evenly over its
-replicas (``compat.even_batches``) and weights each replica's loss by its
+(``staged_variables``). The mirrored one also has collective keys of
+its own (``collective_keys``), splits uneven batches evenly over its
+replicas (``even_batches``) and weights each replica's loss by its
 share of the examples (``compat.replica_share``).
 """
 
@@ -22,8 +22,9 @@ from tensorflow.python.distribute import (
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.eager import def_function
 
-from hybridpar.compat import collective_keys, even_batches, replica_share, staged_variables
+from hybridpar.compat import replica_share
 from hybridpar.state import OwnedStrategy, StrategyState
+from hybridpar.strategies import collective_keys, even_batches, staged_variables
 
 
 class StagedExtended:

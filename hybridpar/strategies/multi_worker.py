@@ -4,7 +4,7 @@ Besides the mirrored strategies' behaviour (stage placement, replica shares,
 own collective keys, balanced batches), it shards each dataset over the
 workers by ``data.shard_policy`` and, when this process already joined the cluster
 (``cluster_join``), joins the running server instead of restarting it
-(``compat.collective_restart``).
+(``collective_restart``).
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ from tensorflow.python.distribute.collective_all_reduce_strategy import (
     CollectiveAllReduceExtended,
 )
 
-from hybridpar.compat import collective_keys, collective_restart, even_batches
 from hybridpar.config import StrategyConfig
 from hybridpar.data import sharding
 from hybridpar.errors import ConfigError
 from hybridpar.state import OwnedStrategy, StrategyState
-from hybridpar.strategies import cluster_join
+from hybridpar.strategies import cluster_join, collective_keys, collective_restart, even_batches
 from hybridpar.strategies.mirrored import StagedExtended
 
 _IMPLEMENTATIONS = {

@@ -6,7 +6,7 @@ chief returns, with a ``HybridParameterServerStrategy`` whose ``fit``,
 ``evaluate`` and ``predict`` run through ``ps_training`` (see
 ``compat.runner_routing``). Variables split by ``parameter_server.partitioner``
 are ``ShardedVariable``s over the ps tasks. An ``evaluator`` task in the
-cluster is left out of the chief's view (``compat.ps_evaluator_job``).
+cluster is left out of the chief's view (``ps_evaluator_job``).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any, NoReturn
 import tensorflow as tf
 
 from hybridpar.checkpoint import remote_hashing
-from hybridpar.compat import ps_chief, ps_evaluator_job
 from hybridpar.config import PartitionerConfig
 from hybridpar.state import OwnedStrategy, StrategyState
+from hybridpar.strategies import ps_chief, ps_evaluator_job
 from hybridpar.strategies.ps_training import ParameterServerRunner
 from hybridpar.topology.cluster import ClusterInfo
 from hybridpar.topology.ps_cluster import check_cluster
@@ -59,7 +59,7 @@ class HybridParameterServerStrategy(
 ):
     """The chief's ``ParameterServerStrategy``, with its ``ClusterCoordinator`` in ``runner``.
 
-    Inside ``compat.ps_chief.on_chief(strategy)`` (the chief's own evaluate
+    Inside ``ps_chief.on_chief(strategy)`` (the chief's own evaluate
     and predict) datasets are handed to Keras unchanged: a parameter-server
     strategy's distributed dataset can only be iterated on workers.
     """

@@ -16,7 +16,7 @@ on the workers. hybridpar's path, learnt from tf_keras's
 * ``evaluate``/``predict`` (and validation) run on the chief, reading the
   variables from the parameter servers; a dataset created before
   ``hybridpar.scope()`` connected the chief is moved to the chief's device
-  first (``compat.local_job``), so the order of TensorFlow's tutorials (data
+  first (``chief_datasets``), so the order of TensorFlow's tutorials (data
   first) works;
 * variables split by ``parameter_server.partitioner`` are
   ``ShardedVariable``s; gradients are taken against their shards and the
@@ -47,11 +47,12 @@ import tensorflow as tf
 from keras.src.callbacks import callback_list as keras_callback_list
 from keras.src.trainers.data_adapters import data_adapter_utils
 
-from hybridpar.compat import local_job, ps_chief, runner_routing
+from hybridpar.compat import runner_routing
 from hybridpar.compat.atomic_updates import atomic_updates
 from hybridpar.compat.shard_views import shard_views
 from hybridpar.data import inspect
 from hybridpar.errors import ConfigError, ParameterServerUnavailableError
+from hybridpar.strategies import chief_datasets, ps_chief
 from hybridpar.topology.cluster import ClusterInfo
 from hybridpar.topology.ps_cluster import PS_TASK, ps_tasks_in, root_cause
 
@@ -208,16 +209,16 @@ def _validation_input(validation_data: Any) -> tuple[Any, Any, Any] | None:
     if validation_data is None:
         return None
     x, y, weight = data_adapter_utils.unpack_x_y_sample_weight(validation_data)
-    return local_job.dataset_on_chief(x, "The validation dataset (validation_data)"), y, weight
+    return chief_datasets.dataset_on_chief(x, "The validation dataset (validation_data)"), y, weight
 
 
 def _on_chief(args: tuple, kwargs: dict, call: str) -> tuple[tuple, dict]:
     """The ``x`` of an ``evaluate``/``predict`` call, where the chief can iterate it."""
     role = f"The dataset given to model.{call}"
     if args:
-        return (local_job.dataset_on_chief(args[0], role), *args[1:]), kwargs
+        return (chief_datasets.dataset_on_chief(args[0], role), *args[1:]), kwargs
     if "x" in kwargs:
-        return args, {**kwargs, "x": local_job.dataset_on_chief(kwargs["x"], role)}
+        return args, {**kwargs, "x": chief_datasets.dataset_on_chief(kwargs["x"], role)}
     return args, kwargs
 
 

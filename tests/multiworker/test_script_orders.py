@@ -62,7 +62,8 @@ def test_upstream_objects_made_before_the_chief_connects_are_stranded_but_take_m
                                       "device:CPU:0 unknown device. [Op:AnonymousIteratorV3]")
     assert seen["read_variable"].startswith("InvalidArgumentError: Client for target "
                                             "/job:localhost/replica:0/task:0 not found")
-    # What compat.local_job relies on: take(-1) on the chief's device runs the same pipeline.
+    # What strategies.chief_datasets relies on: take(-1) on the chief's device runs the
+    # same pipeline.
     assert seen["moved_device"] == "/job:chief/replica:0/task:0/device:CPU:0"
     assert seen["moved_equal"] == "true"
     assert "Cannot assign a device for operation PyFunc" in seen["moved_generator"]

@@ -15,7 +15,8 @@ import upstream_keras  # beside this file; pytest puts its folder on sys.path
 from upstream_runner import run_case  # beside this file
 
 import hybridpar
-from hybridpar.compat import replica_all_reduce, versions
+from hybridpar.compat import versions
+from hybridpar.parallel import all_reduce
 
 pytestmark = pytest.mark.strategy
 
@@ -210,7 +211,7 @@ def test_hybridpar_all_reduce_sums_two_dtypes_inside_a_branch():
             values = [tf.fill([2], one), tf.fill([3], tf.cast(one, tf.float16))]
 
             def reduce():
-                return replica_all_reduce.all_reduce_sum(values, in_branch=True)
+                return all_reduce.all_reduce_sum(values, in_branch=True)
             return tf.cond(switch, reduce, lambda: values)
         return hs.strategy.run(replica)
 

@@ -1,4 +1,5 @@
-"""The package's layout: no import cycles, readable modules, pure modules free of TensorFlow."""
+"""The package's layout: layers that only point down, no import cycles, readable modules,
+pure modules free of TensorFlow."""
 
 import ast
 import json
@@ -10,6 +11,27 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "hybridpar"
 MAX_LINES = 500
+# The layers of hybridpar, lowest first: the one statement of the order. A module imports
+# its own package and packages of lower layers only; packages that share a layer import
+# neither each other. "" is hybridpar/__init__.py, the public names.
+LAYERS = (
+    ("errors", "exit_codes", "logs"),  # plain Python every layer may raise or log with
+    ("config",),  # StrategyConfig
+    ("topology",),  # pure: cluster, mesh, placement, plan
+    ("state",),  # StrategyState, how everything above recognises hybridpar's strategies
+    ("data",),  # what a dataset is; sharding, balanced pieces
+    ("parallel",),  # hybridpar's collectives, stages, pipeline, compression
+    ("report",),  # the placement report
+    ("compat",),  # the hooks into Keras/TF internals
+    ("checkpoint",),  # format, callback, preemption
+    ("strategies",),  # the tf.distribute subclasses and their overrides, runners
+    ("callbacks",),  # the public callbacks
+    ("hybrid",),  # scope(), HybridStrategy
+    ("pipeline", "ray_train", "testing"),  # public modules of their own
+    ("train", "launch"),  # the training job, the launcher
+    ("cli",),
+    ("",),
+)
 PURE_MODULES = [
     "hybridpar.config",
     "hybridpar.exit_codes",
@@ -40,16 +62,19 @@ def _is_type_checking(node: ast.If) -> bool:
     return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
 
 
-def imported_modules(path: pathlib.Path) -> set[str]:
-    """hybridpar modules ``path`` imports, at module level or inside functions
-    (imports under ``if TYPE_CHECKING:`` never run and are left out)."""
+def imported_modules(path: pathlib.Path, type_checking: bool = False) -> set[str]:
+    """hybridpar modules ``path`` imports, at module level or inside functions.
+
+    Imports under ``if TYPE_CHECKING:`` never run and are left out unless
+    ``type_checking``: a layer still should not name what sits above it.
+    """
     found: set[str] = set()
     package = module_name(path)
     if path.name != "__init__.py":
         package = package.rpartition(".")[0]
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not type_checking:
             for child in node.orelse:
                 visit(child)
             return
@@ -67,6 +92,31 @@ def imported_modules(path: pathlib.Path) -> set[str]:
 
     visit(ast.parse(path.read_text()))
     return {name for name in found if name in MODULES}
+
+
+def layer_of(name: str) -> int:
+    """The index in ``LAYERS`` of module ``name``'s package."""
+    package = name.split(".")[1] if "." in name else ""
+    for index, packages in enumerate(LAYERS):
+        if package in packages:
+            return index
+    raise AssertionError(f"{name}: package {package!r} is in no layer of LAYERS")
+
+
+def test_every_package_has_a_layer():
+    for name in MODULES:
+        layer_of(name)
+
+
+def test_imports_only_point_down():
+    upward = []
+    for name, path in MODULES.items():
+        package = name.split(".")[1] if "." in name else ""
+        for target in sorted(imported_modules(path, type_checking=True)):
+            same = (target.split(".")[1] if "." in target else "") == package
+            if not same and layer_of(target) >= layer_of(name):
+                upward.append(f"{name} -> {target}")
+    assert not upward, "imports of a layer above (or a sibling): " + ", ".join(upward)
 
 
 def test_no_import_cycles():

@@ -5,7 +5,7 @@ chief makes a dataset, a Python-generator dataset and a variable, then builds
 ``ParameterServerStrategy`` (which connects to the cluster) and prints one JSON
 line: what fails afterwards, and that ``take(-1)`` made on the chief's device
 iterates the same pipeline, shuffle included, but not its Python generator
-(what ``hybridpar.compat.local_job`` relies on).
+(what ``hybridpar.strategies.chief_datasets`` relies on).
 """
 
 import json

@@ -32,15 +32,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.distribute import input_ops
 
-from hybridpar.compat.patching import Fix, register
 from hybridpar.data import balanced, inspect
-
-FIX = register(Fix(
-    name="even_batches",
-    corrects="a global batch is split over replicas front-first or rounded up, leaving some "
-             "replicas empty",
-    group="core",
-))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,16 +14,8 @@ from __future__ import annotations
 
 import itertools
 
-from hybridpar.compat.patching import Fix, register
-
 KEY_BASE_STRIDE = 100_000
 _key_bases = itertools.count(1)
-
-FIX = register(Fix(
-    name="collective_keys",
-    corrects="two MirroredStrategy instances in one process share collective group key 1",
-    group="core",
-))
 
 
 def next_key_base() -> int:

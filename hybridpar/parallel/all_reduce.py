@@ -34,15 +34,6 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.distribute import collective_util, cross_device_ops, distribute_lib
 
-from hybridpar.compat.patching import Fix, register
-
-FIX = register(Fix(
-    name="replica_all_reduce",
-    corrects="every traced replica all-reduce registers a gradient that keeps its strategy "
-             "alive for the life of the process",
-    group="core",
-))
-
 
 def all_reduce_sum(values: list[Any], *, in_branch: bool = False) -> list[Any]:
     """The replica-context SUM all-reduce of ``values``, without a registered gradient.

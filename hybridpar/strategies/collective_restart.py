@@ -15,15 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridpar.compat.patching import Fix, register
-
-FIX = register(Fix(
-    name="collective_restart",
-    corrects="each new MultiWorkerMirroredStrategy re-enables collectives, resetting a peer's "
-             "executor mid-handshake",
-    group="core",
-))
-
 
 def mark_server_started(extended: Any) -> None:
     """Makes ``extended`` (before its ``__init__``) use the server that is already running."""

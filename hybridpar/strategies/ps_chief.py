@@ -18,8 +18,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from hybridpar.compat.patching import Fix, register
-
 _on_chief: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "hybridpar_on_chief", default=None
 )
@@ -42,11 +40,3 @@ def on_chief(strategy: tf.distribute.Strategy) -> Iterator[None]:
     finally:
         extended._allow_run_without_coordinator = previous
         _on_chief.reset(token)
-
-
-FIX = register(Fix(
-    name="ps_chief",
-    corrects="a parameter-server strategy's datasets can only be iterated on workers, so "
-             "Keras's evaluate and predict cannot run on the chief",
-    group="parameter_server",
-))

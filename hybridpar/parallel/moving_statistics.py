@@ -28,15 +28,6 @@ import keras
 import tensorflow as tf
 from tensorflow.python.distribute import values as distribute_values
 
-from hybridpar.compat.patching import Fix, register
-
-FIX = register(Fix(
-    name="moving_statistics",
-    corrects="each replica assigns its own batch's statistics to batch norm's moving mean "
-             "and variance, so their mirrored copies drift apart",
-    group="core",
-))
-
 _RENORM_STATISTICS = ("moving_stddev", "renorm_mean", "renorm_stddev")
 
 

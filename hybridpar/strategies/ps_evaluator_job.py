@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from hybridpar.compat.patching import Fix, register
 from hybridpar.topology.cluster import ClusterInfo
 
 
@@ -25,12 +24,3 @@ def training_resolver(cluster: ClusterInfo) -> tf.distribute.cluster_resolver.Cl
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
         spec, task_type=cluster.task_type, task_id=cluster.task_index, rpc_layer="grpc"
     )
-
-
-FIX = register(Fix(
-    name="ps_evaluator_job",
-    corrects="ParameterServerStrategy connects to the evaluator task too and hangs, since "
-             "the evaluator runs no server",
-    upstream="tensorflow/tensorflow#46169",
-    group="parameter_server",
-))

@@ -18,15 +18,7 @@ from typing import Any
 
 from tensorflow.python.distribute import numpy_dataset
 
-from hybridpar.compat.patching import Fix, register
 from hybridpar.parallel.staging import StagePlacer, layer_path
-
-FIX = register(Fix(
-    name="staged_variables",
-    corrects="a strategy mirrors every variable over all replica devices, whatever stage "
-             "its layer is on",
-    group="core",
-))
 
 
 class _OnDevices:
