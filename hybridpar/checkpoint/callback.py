@@ -10,13 +10,16 @@ import tensorflow as tf
 
 from hybridpar.checkpoint import (
     coordination,
+    end_record,
     files,
     model_state,
     preemption,
+    publication,
     skipping,
     storage,
     topology,
 )
+from hybridpar.checkpoint.manifest import END_FILE, asynchronous_resume, resume_plan
 from hybridpar.checkpoint.writer import BackgroundWriter
 from hybridpar.config import CheckpointConfig
 from hybridpar.errors import CheckpointDamagedError, ConfigError
@@ -79,7 +82,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
     epoch; the log says which.
 
     When the cluster has an ``evaluator`` task, ``fit``'s end is always
-    checkpointed and the chief records it (``files.write_end``), so the
+    checkpointed and the chief records it (``end_record``), so the
     evaluator knows which checkpoint is the last.
 
     Args:
@@ -113,8 +116,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self.directory = storage.location(config.dir)
         self.writes = self.state is None or self.state.is_chief
         if self.writes:
-            files.ensure_writable(self.directory)
-            files.remove_partials(self.directory)
+            storage.ensure_writable(self.directory)
+            publication.remove_partials(self.directory)
         self.every_steps = config.every_steps
         self.every_epochs = config.every_epochs
         self.keep = config.keep
@@ -158,7 +161,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self._reset_position()
         self.restored = None
         if self.records_end and self.writes:
-            files.remove_end(self.directory)
+            end_record.remove(self.directory)
         if not self.asynchronous:
             self._wrap_train_function()
         if self.resume:
@@ -228,10 +231,10 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         records the end."""
         self.save(reason="final", wait=True)
         if self.writes:
-            files.write_end(self.directory, step=self._step(), epoch=self._epoch,
-                            epochs=int(self.params.get("epochs") or self._epoch))
+            end_record.write(self.directory, step=self._step(), epoch=self._epoch,
+                             epochs=int(self.params.get("epochs") or self._epoch))
             logger.info("hybridpar: training ended at optimizer step %d; recorded %s for the "
-                        "evaluator.", self._step(), files.END_FILE)
+                        "evaluator.", self._step(), END_FILE)
 
     def _preemption_watcher(self) -> Any:
         """The strategy's watcher (kept in its state), created on first use."""
@@ -322,7 +325,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         if self.asynchronous:
             self._restore_asynchronous(found)
             return
-        epoch, skip, extra = files.resume_plan(found.manifest, self.params.get("steps"))
+        epoch, skip, extra = resume_plan(found.manifest, self.params.get("steps"))
         self.model._initial_epoch = epoch
         self._epoch = epoch
         self._skip_calls = skip // int(getattr(self.model, "steps_per_execution", 1) or 1)
@@ -337,7 +340,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 
     def _restore_asynchronous(self, found: files.Found) -> None:
         """Parameter-server resume: inside the saved epoch, or at the next one."""
-        epoch, batch, where = files.asynchronous_resume(found.manifest, self.params.get("steps"))
+        epoch, batch, where = asynchronous_resume(found.manifest, self.params.get("steps"))
         self.model._initial_epoch = epoch
         self.model._hybridpar_initial_batch = batch  # read by the parameter-server fit loop
         self._epoch, self._initial_batch = epoch, batch
