@@ -25,6 +25,8 @@ PURE_MODULES = [
     "hybridpar.checkpoint.files",
     "hybridpar.checkpoint.manifest",
     "hybridpar.checkpoint.npz",
+    "hybridpar.checkpoint.policy",
+    "hybridpar.checkpoint.position",
     "hybridpar.checkpoint.publication",
     "hybridpar.checkpoint.watch",
     "hybridpar.launch",
