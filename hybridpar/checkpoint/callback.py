@@ -131,8 +131,11 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self.preemption = preemption
         cluster = self.state.cluster if self.state is not None else None
         self.records_end = cluster is not None and "evaluator" in cluster.jobs
-        self.policy: SavePolicy = policy_for(self.state, self.save, lambda: self._epoch,
-                                             skipping.draw, self.every_steps)
+        # ``save`` is looked up at each call, as the hooks did: a save replaced on the
+        # instance (benchmarks/checkpoint.py times it) is the one the policy calls too.
+        self.policy: SavePolicy = policy_for(
+            self.state, lambda **kwargs: self.save(**kwargs), lambda: self._epoch,
+            skipping.draw, self.every_steps)
         self.restored: files.Found | None = None
         self._own_watcher: Any = None
         self.saved: list[Any] = []
