@@ -14,7 +14,7 @@ from typing import Any
 import keras
 
 from hybridpar.checkpoint.callback import PeriodicCheckpoint
-from hybridpar.checkpoint.files import ensure_writable
+from hybridpar.checkpoint.storage import ensure_writable
 from hybridpar.config import StrategyConfig
 
 __all__ = ["PeriodicCheckpoint", "Throughput", "defaults", "ensure_writable"]

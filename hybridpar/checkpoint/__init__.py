@@ -6,8 +6,11 @@ tensor-bundle format (``state.index``, one ``state.data-*`` file per task
 that holds variables) and ``manifest.json`` (step, epoch, batch, data
 position, config, topology, variable specs, each file's size and SHA-256).
 ``manifest`` holds the format's pure rules, ``storage`` the file access
-(any ``tf.io.gfile`` filesystem), ``files`` the directories, ``layout`` and
-``tensor_io`` the variables and their reads and writes per task,
+(any ``tf.io.gfile`` filesystem), ``files`` the directories (naming,
+listing, checks, keep-N, damage fallback), ``publication`` their atomic
+publication and deletion, ``npz`` the earlier format, ``end_record`` the
+record of ``fit``'s end, ``layout`` and ``tensor_io`` the variables and
+their reads and writes per task,
 ``model_state`` captures and restores models, ``coordination`` has every
 worker restore the chief's choice, ``callback`` is ``PeriodicCheckpoint``,
 ``preemption`` saves on SIGTERM, ``export`` writes Keras weights files.

@@ -1,4 +1,9 @@
-"""``PeriodicCheckpoint``: the Keras callback behind ``checkpoint.*`` (save, resume, preempt)."""
+"""``PeriodicCheckpoint``: the Keras callback behind ``checkpoint.*`` (save, resume, preempt).
+
+It decides when a checkpoint is saved, restored or recorded as the last;
+how depends on the kind of training (``policy``), the choice and restore of
+a checkpoint are ``resumption``'s, the background write ``writer``'s.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +14,21 @@ import keras
 import tensorflow as tf
 
 from hybridpar.checkpoint import (
-    coordination,
+    end_record,
     files,
     model_state,
     preemption,
+    publication,
+    resumption,
     skipping,
     storage,
     topology,
 )
+from hybridpar.checkpoint.manifest import END_FILE
+from hybridpar.checkpoint.policy import SavePolicy, policy_for
 from hybridpar.checkpoint.writer import BackgroundWriter
 from hybridpar.config import CheckpointConfig
-from hybridpar.errors import CheckpointDamagedError, ConfigError
+from hybridpar.errors import ConfigError
 from hybridpar.state import StrategyState, state_of
 
 logger = logging.getLogger("hybridpar")
@@ -79,7 +88,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
     epoch; the log says which.
 
     When the cluster has an ``evaluator`` task, ``fit``'s end is always
-    checkpointed and the chief records it (``files.write_end``), so the
+    checkpointed and the chief records it (``end_record``), so the
     evaluator knows which checkpoint is the last.
 
     Args:
@@ -113,22 +122,20 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self.directory = storage.location(config.dir)
         self.writes = self.state is None or self.state.is_chief
         if self.writes:
-            files.ensure_writable(self.directory)
-            files.remove_partials(self.directory)
+            storage.ensure_writable(self.directory)
+            publication.remove_partials(self.directory)
         self.every_steps = config.every_steps
         self.every_epochs = config.every_epochs
         self.keep = config.keep
         self.resume = config.backup_and_restore if resume is None else resume
         self.preemption = preemption
-        self.asynchronous = self.state is not None and self.state.mode == "parameter_server"
         cluster = self.state.cluster if self.state is not None else None
         self.records_end = cluster is not None and "evaluator" in cluster.jobs
-        if self.asynchronous and self.every_steps:
-            logger.warning(
-                "hybridpar: checkpoint.every_steps=%d is not applied in parameter-server mode "
-                "(steps run asynchronously); checkpoints are written at epoch ends.",
-                self.every_steps,
-            )
+        # ``save`` is looked up at each call, as the hooks did: a save replaced on the
+        # instance (benchmarks/checkpoint.py times it) is the one the policy calls too.
+        self.policy: SavePolicy = policy_for(
+            self.state, lambda **kwargs: self.save(**kwargs), lambda: self._epoch,
+            skipping.draw, self.every_steps)
         self.restored: files.Found | None = None
         self._own_watcher: Any = None
         self.saved: list[Any] = []
@@ -137,15 +144,9 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 
     def _reset_position(self) -> None:
         self._epoch = self._batch = 0
-        self._iterator: Any = None
-        self._iterator_epoch = 0
-        self._position = 0
-        self._persists = False
-        self._skip_calls = self._skip_extra = self._drawn_ahead = 0
         self._last_saved = -1
-        self._original_train_function: Any = None
         self._pending_metrics: Any = None
-        self._epoch_save_pending = False
+        self._resumes_inside = False
         self._watcher: Any = None
         self._initial_batch = 0
 
@@ -158,9 +159,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self._reset_position()
         self.restored = None
         if self.records_end and self.writes:
-            files.remove_end(self.directory)
-        if not self.asynchronous:
-            self._wrap_train_function()
+            end_record.remove(self.directory)
+        self.policy.begin(self.model)
         if self.resume:
             self._restore()
         # The restored step is on disk; with an evaluator, so must be the final one, even when
@@ -175,50 +175,38 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch, self._batch = epoch, 0
         if self._pending_metrics is not None:
-            if self._skip_calls or self._skip_extra or self._initial_batch:
+            if self._resumes_inside:
                 model_state.assign_group(self.model, "metrics", self._pending_metrics)
             self._pending_metrics = None
         if self._initial_batch:
             self._batch, self._initial_batch = self._initial_batch, 0
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.asynchronous and self._watcher is not None:
-            self._watcher.step_done()  # before the step is scheduled: stop scheduling here
+        self.policy.step_begins(self._watcher)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._batch = batch + 1
-        if self.asynchronous:
-            return
+        self.policy.step_ended(self._watcher, self._save_if_due)
+
+    def _save_if_due(self) -> None:
         step = self._step()
         if self.every_steps and step % self.every_steps == 0 and step != self._last_saved:
             self.save()
-        if self._watcher is not None:
-            self._watcher.step_done()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch, self._batch = epoch + 1, 0
-        if self.every_epochs and (epoch + 1) % self.every_epochs == 0 and self.asynchronous:
-            # The snapshot lives on the ps tasks, which write it: a ps lost in the next epoch
-            # must not take this epoch's checkpoint with it, so training waits for the write.
-            self.save(wait=True)
-        elif self.every_epochs and (epoch + 1) % self.every_epochs == 0:
-            # Written before the next epoch's first step, once it is known whether that
-            # epoch draws from a fresh iterator; the state is the same as now.
-            self._epoch_save_pending = True
+        if self.every_epochs and (epoch + 1) % self.every_epochs == 0:
+            self.policy.epoch_ended()
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        if self._epoch_save_pending:
-            self._epoch_save_pending = False
-            self.save()
+        self.policy.flush()
         self.writer.wait()
         if self.records_end:
             self._record_end()
-        if self._original_train_function is not None:
-            self.model.train_function = self._original_train_function
+        self.policy.end()
         if self.restored is not None:
             self.model._initial_epoch = None  # set by _restore, as Keras's BackupAndRestore does
             self.model._hybridpar_initial_batch = 0
-        self._iterator = None
         if self._watcher is not None:
             self._watcher.deactivate()
             self._watcher = None
@@ -228,10 +216,10 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         records the end."""
         self.save(reason="final", wait=True)
         if self.writes:
-            files.write_end(self.directory, step=self._step(), epoch=self._epoch,
-                            epochs=int(self.params.get("epochs") or self._epoch))
+            end_record.write(self.directory, step=self._step(), epoch=self._epoch,
+                             epochs=int(self.params.get("epochs") or self._epoch))
             logger.info("hybridpar: training ended at optimizer step %d; recorded %s for the "
-                        "evaluator.", self._step(), files.END_FILE)
+                        "evaluator.", self._step(), END_FILE)
 
     def _preemption_watcher(self) -> Any:
         """The strategy's watcher (kept in its state), created on first use."""
@@ -245,113 +233,33 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             holder.preemption = preemption.create_watcher(strategy)
         return holder.preemption
 
-    # ------------------------------------------------------------------ data position
-
-    def _wrap_train_function(self) -> None:
-        """Counts the batches drawn from each iterator, and skips those already trained."""
-        original = self._original_train_function = self.model.train_function
-        per_call = int(getattr(self.model, "steps_per_execution", 1) or 1)
-
-        def train_function(iterator):
-            if iterator is not self._iterator:
-                if self._iterator is not None:
-                    self._persists = False
-                self._iterator, self._iterator_epoch, self._position = iterator, self._epoch, 0
-            elif self._iterator_epoch != self._epoch:
-                self._persists = True
-            if self._epoch_save_pending:
-                self._epoch_save_pending = False
-                self.save()
-            ahead = self._skip_extra + self._skip_calls * per_call - self._drawn_ahead
-            if ahead > 0:  # every batch to skip, at the first call, in one graph loop
-                skipping.draw(iterator, ahead)
-                self._position += ahead
-                self._drawn_ahead += ahead
-            self._skip_extra = 0
-            if self._skip_calls:
-                self._skip_calls -= 1
-                return {}
-            result = original(iterator)
-            self._position += per_call
-            return result
-
-        self.model.train_function = train_function
-
-    def _choose(self) -> files.Found | None:
-        """The checkpoint to restore: the chief's choice on every worker (``coordination``)."""
-        state = self.state
-        cluster = state.cluster if state is not None else None
-        coordinated = (not self.asynchronous and cluster is not None
-                       and cluster.num_workers > 1)
-        return coordination.choose(
-            self.directory, coordinated=coordinated, is_chief=self.writes,
-            task=str(cluster.task) if cluster is not None else "",
-            deep=not self.asynchronous)  # the ps check their own reads (CRC32C)
-
-    def _apply(self, found: files.Found) -> files.Found:
-        """Restores ``found``; one that proves damaged as it is read (a ps's CRC32C check)
-        falls back to the previous one when this task chose it alone."""
-        while True:
-            values = model_state.reader(found.path, found.manifest)
-            try:
-                if model_state.apply(self.model, found.path, found.manifest, values,
-                                     metrics=False):
-                    self._pending_metrics = values  # Keras resets metrics when the epoch begins
-                return found
-            except CheckpointDamagedError as err:
-                if self.state is not None and self.state.cluster is not None and (
-                        not self.asynchronous and self.state.cluster.num_workers > 1):
-                    raise  # every worker must restore the same one
-                logger.warning("hybridpar: checkpoint %s is damaged: %s; trying the previous "
-                               "one.", storage.name(found.path), err)
-                previous = files.latest(self.directory, deep=not self.asynchronous,
-                                        below=found.step)
-                if previous is None:
-                    raise
-                found = files.Found(previous.path, previous.manifest,
-                                    (*found.skipped, (found.path, str(err)), *previous.skipped))
+    # ------------------------------------------------------------------ restoring
 
     def _restore(self) -> None:
-        found = self._choose()
+        cluster = self.state.cluster if self.state is not None else None
+        found = resumption.choose(self.directory, self.policy, is_chief=self.writes,
+                                  task=str(cluster.task) if cluster is not None else "")
         if found is None:
             logger.info("hybridpar: no checkpoint in %s yet; training from the start.",
                         self.directory)
             return
         model_state.ensure_built(self.model)
-        found = self.restored = self._apply(found)
-        if self.asynchronous:
-            self._restore_asynchronous(found)
-            return
-        epoch, skip, extra = files.resume_plan(found.manifest, self.params.get("steps"))
-        self.model._initial_epoch = epoch
-        self._epoch = epoch
-        self._skip_calls = skip // int(getattr(self.model, "steps_per_execution", 1) or 1)
-        self._skip_extra = extra
-        self._persists = bool(found.manifest["data"]["iterator_persists"])
-        logger.info(
-            "hybridpar: resumed from %s at optimizer step %d (epoch %d, skipping its first %d "
-            "batch(es) already trained%s); %s",
-            found.path, found.step, epoch + 1, skip, topology.SKIP_NOTE if skip + extra else "",
-            self._topology_note(found.manifest),
-        )
-
-    def _restore_asynchronous(self, found: files.Found) -> None:
-        """Parameter-server resume: inside the saved epoch, or at the next one."""
-        epoch, batch, where = files.asynchronous_resume(found.manifest, self.params.get("steps"))
-        self.model._initial_epoch = epoch
-        self.model._hybridpar_initial_batch = batch  # read by the parameter-server fit loop
-        self._epoch, self._initial_batch = epoch, batch
-        logger.info("hybridpar: resumed from %s at optimizer step %d, %s; %s", found.path,
-                    found.step, where, self._topology_note(found.manifest))
-
-    def _topology_note(self, manifest: dict[str, Any]) -> str:
-        return topology.resume_note(manifest, self._topology())
+        found, self._pending_metrics = resumption.apply(self.model, self.directory, found,
+                                                        self.policy)
+        self.restored = found
+        resume = self.policy.resume(self.model, found.manifest, self.params.get("steps"))
+        self.model._initial_epoch = resume.epoch
+        self._epoch, self._initial_batch = resume.epoch, resume.batch
+        self._resumes_inside = resume.inside
+        logger.info("hybridpar: resumed from %s at optimizer step %d%s; %s", found.path,
+                    found.step, resume.where,
+                    topology.resume_note(found.manifest, self._topology()))
 
     # ------------------------------------------------------------------ saving
 
     def _topology(self) -> dict[str, Any]:
         return topology.current(self.state, self.model.distribute_strategy,
-                                self.asynchronous)
+                                self.policy.asynchronous)
 
     def save(self, reason: str = "periodic", wait: bool = False) -> Any:
         """Saves a checkpoint of the current step (on every worker; the chief writes).
@@ -371,16 +279,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         step = self._step()
         if step == self._last_saved:
             return None
-        data = {
-            "epoch": self._epoch,
-            "batch": self._batch,
-            "iterator_position": self._position if self._epoch == self._iterator_epoch
-            or self._persists else 0,
-            "iterator_persists": self._persists,
-        }
-        if self.asynchronous:  # the workers' input has no position to record; the epoch's does
-            data.update(iterator_position=self._batch, iterator_persists=False,
-                        steps_per_epoch=self.params.get("steps"))
+        data = self.policy.data(self._epoch, self._batch, self.params.get("steps"))
         extra = {
             "reason": reason,
             "config": self.state.config.to_dict() if self.state is not None else None,

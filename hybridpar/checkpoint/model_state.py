@@ -26,12 +26,21 @@ from hybridpar.checkpoint import (
     compression_state,
     files,
     layout,
+    npz,
+    publication,
     remote_hashing,
     storage,
     tensor_io,
 )
 from hybridpar.checkpoint.files import Found
-from hybridpar.checkpoint.manifest import FORMAT, FORMAT_V2, GROUPS, key, mismatch_message
+from hybridpar.checkpoint.manifest import (
+    FORMAT,
+    FORMAT_V2,
+    GROUPS,
+    checkpoint_name,
+    key,
+    mismatch_message,
+)
 from hybridpar.checkpoint.manifest import mismatches as spec_mismatches
 from hybridpar.compat.shard_views import shard_views
 from hybridpar.errors import CheckpointMismatchError, ConfigError
@@ -125,7 +134,7 @@ def reader(path: str | os.PathLike, manifest: dict[str, Any]) -> Reader:
                     "state.npz), read whole on this task; the checkpoints written from now "
                     "on are %s (TensorFlow's tensor bundle, one file per task).",
                     storage.name(path), FORMAT, FORMAT_V2)
-        return tensor_io.ArrayReader(files.read_arrays(path))
+        return tensor_io.ArrayReader(npz.read_arrays(path))
     return tensor_io.BundleReader(path)
 
 
@@ -190,7 +199,7 @@ def assign_group(model: Any, group: str, values: Reader) -> None:
 def write(directory: str | os.PathLike, pieces: list[tensor_io.Piece], manifest: dict[str, Any],
           hash_remote: tensor_io.Hasher | None = None) -> Any:
     """Writes a snapshot as checkpoint ``ckpt-<step>`` (partial directory, then published)."""
-    final = storage.join(directory, files.checkpoint_name(int(manifest["step"])))
+    final = storage.join(directory, checkpoint_name(int(manifest["step"])))
     if storage.exists(final):
         return final
     partial = files.partial_for(directory, int(manifest["step"]))
@@ -201,7 +210,7 @@ def write(directory: str | os.PathLike, pieces: list[tensor_io.Piece], manifest:
     except BaseException:
         storage.rmtree(partial)
         raise
-    return files.publish(directory, partial, {**manifest, "files": entries})
+    return publication.publish(directory, partial, {**manifest, "files": entries})
 
 
 def _hash_here(partial: Any, task: str, names: list[str]) -> dict[str, dict[str, Any]]:

@@ -239,3 +239,26 @@ def fsync_dir(path: str | os.PathLike) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def ensure_writable(directory: str | os.PathLike, key: str = "checkpoint.dir") -> Location:
+    """Creates ``directory`` if needed and proves it can be written.
+
+    Raises:
+        ConfigError: naming the key, the directory and the error (an unknown
+            URL scheme among them).
+    """
+    check_scheme(directory, key)
+    probe = join(directory, f".hybridpar-write-probe-{os.getpid()}")
+    try:
+        makedirs(directory)
+        write_bytes(probe, b"")
+        remove(probe)
+    except Exception as err:  # OSError locally, tf.errors.OpError elsewhere
+        reason = getattr(err, "strerror", None) or getattr(err, "message", None) or err
+        raise ConfigError(
+            f"{key}={str(directory)!r} is not a writable directory "
+            f"({reason}). Choose a directory this process can create and "
+            "write, before training starts."
+        ) from None
+    return location(directory)

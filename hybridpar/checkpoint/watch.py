@@ -3,7 +3,7 @@
 The chief writes ``ckpt-<step>`` directories (atomically) into
 ``checkpoint.dir``, deletes all but the newest ``checkpoint.keep`` and, when
 ``fit`` ends, writes ``training-end.json`` naming the final checkpoint
-(``files.write_end``). ``CheckpointWatcher.events`` yields every checkpoint
+(``end_record``). ``CheckpointWatcher.events`` yields every checkpoint
 newer than the last one it yielded, oldest first, read whole; one deleted by
 keep-N before it was read, or damaged, is reported instead. It ends once the
 checkpoint named by the end record has been handled.
@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from hybridpar.checkpoint import files, storage
+from hybridpar.checkpoint import end_record, files, npz, storage
+from hybridpar.checkpoint.manifest import END_FILE, FORMAT, checkpoint_name
 from hybridpar.errors import CheckpointDamagedError, ConfigError
 
 logger = logging.getLogger("hybridpar")
@@ -54,8 +55,8 @@ class Event:
 def _load(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """A checkpoint's manifest and model weights as host arrays (either format)."""
     manifest = files.read_manifest(path)
-    if manifest["format"] == files.FORMAT:
-        return files.load(path)
+    if manifest["format"] == FORMAT:
+        return npz.load(path)
     files.check_files(path, manifest)
     import tensorflow as tf  # format 2 is read by TensorFlow
 
@@ -168,20 +169,20 @@ class CheckpointWatcher:
         An end record of a ``fit`` given other ``epochs`` than this one
         (a previous run in the same directory) does not count.
         """
-        record = files.read_end(self.directory)
+        record = end_record.read(self.directory)
         if record is None:
             return None
         if epochs is not None and record.get("epochs") != epochs:
             self._say_once(
                 "hybridpar: %s says fit(epochs=%s) ended at step %s; this fit has epochs=%s, "
                 "so the evaluator waits for training to end with those.",
-                files.END_FILE, record.get("epochs"), record.get("step"), epochs)
+                END_FILE, record.get("epochs"), record.get("step"), epochs)
             return None
         return int(record["step"])
 
     def _timed_out(self, since: float) -> None:
         if self.timeout_seconds is not None and self._clock() - since > self.timeout_seconds:
-            newest = files.checkpoint_name(self.last_step) if self.last_step >= 0 else "none yet"
+            newest = checkpoint_name(self.last_step) if self.last_step >= 0 else "none yet"
             raise TimeoutError(
                 f"No new checkpoint appeared in {self.directory} for {self.timeout_seconds:g} s "
                 f"(evaluator.timeout_seconds; the newest seen: {newest}), and the chief has not "
@@ -214,8 +215,8 @@ class CheckpointWatcher:
             if final is not None:
                 if self.last_step < final:
                     logger.warning("hybridpar: the final checkpoint %s named by %s is missing; "
-                                   "the evaluator stops at %s.", files.checkpoint_name(final),
-                                   files.END_FILE, files.checkpoint_name(self.last_step))
+                                   "the evaluator stops at %s.", checkpoint_name(final),
+                                   END_FILE, checkpoint_name(self.last_step))
                 return
             self._timed_out(since)
             self._sleep(self.poll_seconds)

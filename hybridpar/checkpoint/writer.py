@@ -6,7 +6,7 @@ worker takes part, and that is the only part that blocks a step) and hands
 them to a ``BackgroundWriter``, which in a thread has each task write its
 data file, merges the index, collects every file's size and SHA-256 from the
 task that wrote it, writes the manifest, publishes the partial directory and
-prunes old checkpoints (``model_state.write``, ``files.prune``). TensorFlow
+prunes old checkpoints (``model_state.write``, ``publication.prune``). TensorFlow
 copies a variable's buffer before updating it while a read of it is alive,
 so training on does not change the snapshot.
 
@@ -31,7 +31,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from hybridpar.checkpoint import files, storage
+from hybridpar.checkpoint import files, publication, storage
+from hybridpar.checkpoint.manifest import checkpoint_name
 from hybridpar.errors import CheckpointWriteError
 
 logger = logging.getLogger("hybridpar")
@@ -62,10 +63,10 @@ class BackgroundWriter:
             CheckpointWriteError: if the previous write failed.
         """
         self.wait()
-        path = storage.join(directory, files.checkpoint_name(step))
+        path = storage.join(directory, checkpoint_name(step))
         self._thread = threading.Thread(
             target=self._write, args=(directory, step, write, keep),
-            name=f"hybridpar-checkpoint-{files.checkpoint_name(step)}", daemon=False,
+            name=f"hybridpar-checkpoint-{checkpoint_name(step)}", daemon=False,
         )
         self._thread.start()
         return path
@@ -86,10 +87,10 @@ class BackgroundWriter:
 
     def _write(self, directory: str | os.PathLike, step: int, write: Callable[[], Any],
                keep: int) -> None:
-        name = files.checkpoint_name(step)
+        name = checkpoint_name(step)
         try:
             write()
-            files.prune(directory, keep)
+            publication.prune(directory, keep)
         except Exception as err:  # reported to the training thread, never dropped
             previous = [storage.name(p) for p in files.list_checkpoints(directory)]
             intact = f"the newest complete one is {previous[-1]}" if previous else "none exists"

@@ -103,7 +103,7 @@ class EvaluatorRunner:
                 "on every task: the chief validates on it too)."
             )
         watch.check_readable(self.directory)
-        files.ensure_writable(self.log_dir, key="evaluator.log_dir")
+        storage.ensure_writable(self.log_dir, key="evaluator.log_dir")
         val_x, val_y, val_weight = data_adapter_utils.unpack_x_y_sample_weight(validation_data)
         arguments = {"x": val_x, "y": val_y, "sample_weight": val_weight,
                      "batch_size": validation_batch_size or batch_size

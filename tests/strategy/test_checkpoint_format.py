@@ -15,7 +15,8 @@ from test_checkpoints_in_one_process import EPOCHS, build, max_diff, train  # be
 
 import hybridpar
 from hybridpar import ConfigError
-from hybridpar.checkpoint import files, layout, model_state, storage, tensor_io
+from hybridpar.checkpoint import files, layout, model_state, npz, storage, tensor_io
+from hybridpar.checkpoint.manifest import FORMAT, variable_spec
 from hybridpar.errors import CheckpointMismatchError
 
 pytestmark = pytest.mark.strategy
@@ -80,18 +81,18 @@ def old_format_checkpoint(model: keras.Model, directory) -> None:
     arrays, specs = {}, {}
     for group, variables in (("model", model.variables), ("optimizer", model.optimizer.variables),
                              ("metrics", model.metrics_variables)):
-        specs[group] = [files.variable_spec(v.path, v.shape, v.dtype) for v in variables]
+        specs[group] = [variable_spec(v.path, v.shape, v.dtype) for v in variables]
         for index, variable in enumerate(variables):
             arrays[f"{group}/{index:05d}"] = np.asarray(variable.numpy())
     data = {"epoch": EPOCHS, "batch": 0, "iterator_position": 0, "iterator_persists": False}
     step = int(model.optimizer.iterations.numpy())
-    files.write(directory, arrays, {"step": step, "data": data, "variables": specs})
+    npz.write(directory, arrays, {"step": step, "data": data, "variables": specs})
 
 
 def test_a_checkpoint_of_the_old_format_restores_with_a_note(tmp_path, caplog):
     trained, _, _ = train(tmp_path / "new")
     old_format_checkpoint(trained, tmp_path / "old")
-    assert files.read_manifest(tmp_path / "old" / "ckpt-00000039")["format"] == files.FORMAT
+    assert files.read_manifest(tmp_path / "old" / "ckpt-00000039")["format"] == FORMAT
     with hybridpar.scope({"data_parallel": {"mode": "mirrored"}}):
         model = build()
     with caplog.at_level(logging.INFO, logger="hybridpar"):

@@ -19,6 +19,7 @@ from checkpoint_writer_child import train  # beside this file
 
 import hybridpar
 from hybridpar.checkpoint import files, tensor_io
+from hybridpar.checkpoint.manifest import INDEX_FILE
 
 pytestmark = pytest.mark.strategy
 
@@ -124,7 +125,7 @@ def test_a_kill_during_the_write_leaves_the_previous_checkpoint(tmp_path):
         child.wait(timeout=60)
     assert line.strip() == "HALF-WRITTEN hybridpar-checkpoint-ckpt-00000004"
     partial = list(tmp_path.glob(".partial-ckpt-00000004-*"))
-    assert len(partial) == 1 and (partial[0] / files.INDEX_FILE).stat().st_size > 0
+    assert len(partial) == 1 and (partial[0] / INDEX_FILE).stat().st_size > 0
     found = hybridpar.checkpoint.latest(tmp_path)
     assert found.path.name == "ckpt-00000002" and not found.skipped
     _, checkpoint = train(tmp_path)  # the next run removes the partial and resumes

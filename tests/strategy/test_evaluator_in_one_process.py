@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import hybridpar
 from hybridpar import CheckpointMismatchError, ConfigError
-from hybridpar.checkpoint import files
+from hybridpar.checkpoint import end_record
 
 pytestmark = pytest.mark.strategy
 
@@ -87,7 +87,7 @@ def test_fit_on_the_evaluator_evaluates_every_checkpoint_as_the_chief_validated(
     chief, caplog, tensorboard_scalars
 ):
     trained, history, directory = chief
-    assert files.read_end(directory)["step"] == 24
+    assert end_record.read(directory)["step"] == 24
     hs, model = evaluator(directory)
     assert hs.is_evaluator and not hs.is_chief and hs.mode == "none"
     x, y, validation = data()

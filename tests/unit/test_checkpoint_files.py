@@ -5,23 +5,23 @@ import json
 import numpy as np
 import pytest
 
-from hybridpar.checkpoint import files as checkpoint
+from hybridpar.checkpoint import files, manifest, npz, publication, storage
 from hybridpar.errors import CheckpointDamagedError
 
 
 def write(directory, step, **data):
     position = {"epoch": 0, "batch": 0, "iterator_position": 0, "iterator_persists": False}
-    manifest = {"step": step, "data": {**position, **data}, "variables": {}}
-    return checkpoint.write(directory, {"model/00000": np.arange(4.0) + step}, manifest)
+    record = {"step": step, "data": {**position, **data}, "variables": {}}
+    return npz.write(directory, {"model/00000": np.arange(4.0) + step}, record)
 
 
 def test_write_is_a_complete_directory_named_by_step(tmp_path):
     path = write(tmp_path, 7)
-    assert path.name == "ckpt-00000007" and checkpoint.step_of(path) == 7
-    manifest = checkpoint.verify(path)
-    assert manifest["format"] == checkpoint.FORMAT
-    assert manifest["files"]["state.npz"]["bytes"] == (path / "state.npz").stat().st_size
-    np.testing.assert_array_equal(checkpoint.read_arrays(path)["model/00000"], np.arange(4.0) + 7)
+    assert path.name == "ckpt-00000007" and files.step_of(path) == 7
+    written = files.verify(path)
+    assert written["format"] == manifest.FORMAT
+    assert written["files"]["state.npz"]["bytes"] == (path / "state.npz").stat().st_size
+    np.testing.assert_array_equal(npz.read_arrays(path)["model/00000"], np.arange(4.0) + 7)
     assert not list(tmp_path.glob(".partial-*"))
     assert write(tmp_path, 7) == path  # an existing step is kept as it is
 
@@ -31,15 +31,15 @@ def test_listing_prune_and_partials(tmp_path):
         write(tmp_path, step)
     (tmp_path / ".partial-ckpt-00000200-1").mkdir()
     (tmp_path / "notes.txt").write_text("")
-    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
+    assert [p.name for p in files.list_checkpoints(tmp_path)] == [
         "ckpt-00000003", "ckpt-00000012", "ckpt-00000100"]
-    assert [p.name for p in checkpoint.prune(tmp_path, keep=2)] == ["ckpt-00000003"]
-    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
+    assert [p.name for p in publication.prune(tmp_path, keep=2)] == ["ckpt-00000003"]
+    assert [p.name for p in files.list_checkpoints(tmp_path)] == [
         "ckpt-00000012", "ckpt-00000100"]
-    checkpoint.remove_partials(tmp_path)
+    publication.remove_partials(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "ckpt-00000012", "ckpt-00000100", "notes.txt"]
-    assert checkpoint.list_checkpoints(tmp_path / "missing") == []
+    assert files.list_checkpoints(tmp_path / "missing") == []
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -53,33 +53,33 @@ def test_damage_is_named_and_latest_falls_back(tmp_path, damage, message):
     write(tmp_path, 1)
     damage(write(tmp_path, 2))
     with pytest.raises(CheckpointDamagedError, match=message):
-        checkpoint.verify(tmp_path / "ckpt-00000002")
-    found = checkpoint.latest(tmp_path)
+        files.verify(tmp_path / "ckpt-00000002")
+    found = files.latest(tmp_path)
     assert found.step == 1 and found.skipped[0][0].name == "ckpt-00000002"
 
 
 def test_latest_of_nothing_is_none_and_of_only_damage_an_error(tmp_path):
-    assert checkpoint.latest(tmp_path) is None
+    assert files.latest(tmp_path) is None
     (write(tmp_path, 5) / "state.npz").write_bytes(b"")
     with pytest.raises(CheckpointDamagedError, match="every checkpoint in .* is damaged"):
-        checkpoint.latest(tmp_path)
+        files.latest(tmp_path)
 
 
 def test_mismatches_are_matched_by_position_and_name_both_sides():
-    spec = checkpoint.variable_spec
+    spec = manifest.variable_spec
     saved = [spec("m/dense/kernel", (8, 16), "float32"), spec("m/dense/bias", (16,), "float32")]
     same_shapes = [spec("m_1/dense_1/kernel", (8, 16), "float32"),
                    spec("m_1/dense_1/bias", (16,), "float32")]
-    assert checkpoint.mismatches(saved, same_shapes) == []
+    assert manifest.mismatches(saved, same_shapes) == []
     other = [spec("m/dense/kernel", (8, 32), "float32")]
-    assert checkpoint.mismatches(saved, other) == [
+    assert manifest.mismatches(saved, other) == [
         "m/dense/kernel (8, 32) float32 in this model, m/dense/kernel (8, 16) float32 in the "
         "checkpoint",
         "m/dense/bias (16,) float32: in the checkpoint, not in this model",
     ]
-    assert checkpoint.mismatches([], other) == ["m/dense/kernel (8, 32) float32: not in the "
+    assert manifest.mismatches([], other) == ["m/dense/kernel (8, 32) float32: not in the "
                                                 "checkpoint"]
-    message = checkpoint.mismatch_message(checkpoint.Path("c"), "model", ["a"] * 10)
+    message = manifest.mismatch_message(storage.Path("c"), "model", ["a"] * 10)
     assert "10 variable(s) do not match" in message and "... and 2 more" in message
 
 
@@ -93,11 +93,11 @@ def test_mismatches_are_matched_by_position_and_name_both_sides():
      (2, 4, 20)),
 ])
 def test_resume_plan(data, steps, expected):
-    assert checkpoint.resume_plan({"data": data}, steps) == expected
+    assert manifest.resume_plan({"data": data}, steps) == expected
 
 
 def test_describe_topology():
-    assert checkpoint.describe_topology(
+    assert manifest.describe_topology(
         {"mode": "multi_worker", "num_workers": 2, "num_replicas": 4}
     ) == "multi_worker, 2 worker(s) x 2 replica(s)"
 
@@ -119,6 +119,6 @@ def test_manifest_is_plain_json(tmp_path):
                                            "its step 25: its epoch had ended")),
 ])
 def test_where_parameter_server_training_resumes(data, steps, expected):
-    epoch, batch, where = checkpoint.asynchronous_resume({"data": data}, steps)
+    epoch, batch, where = manifest.asynchronous_resume({"data": data}, steps)
     assert (epoch, batch) == expected[:2]
     assert where.startswith(expected[2])

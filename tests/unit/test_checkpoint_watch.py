@@ -6,15 +6,15 @@ import os
 import numpy as np
 import pytest
 
-from hybridpar.checkpoint import files, watch
-from hybridpar.errors import ConfigError
+from hybridpar.checkpoint import end_record, files, npz, publication, watch
+from hybridpar.errors import CheckpointDamagedError, ConfigError
 
 
 def write(directory, step, epoch=0, batch=0):
     manifest = {"step": step, "created": 0.0, "variables": {},
                 "data": {"epoch": epoch, "batch": batch, "iterator_position": batch,
                          "iterator_persists": False}}
-    return files.write(directory, {"model/00000": np.full(3, float(step))}, manifest)
+    return npz.write(directory, {"model/00000": np.full(3, float(step))}, manifest)
 
 
 class Chief:
@@ -39,7 +39,7 @@ def test_every_new_checkpoint_in_order_until_the_recorded_end(tmp_path):
 
     def end(d):
         write(d, 30, epoch=3)
-        files.write_end(d, step=30, epoch=3, epochs=3)
+        end_record.write(d, step=30, epoch=3, epochs=3)
 
     chief = Chief(tmp_path, [lambda d: None, epoch(10), epoch(20), end])
     watcher = watch.CheckpointWatcher(tmp_path, sleep=chief.sleep)
@@ -52,7 +52,7 @@ def test_every_new_checkpoint_in_order_until_the_recorded_end(tmp_path):
 
 def test_an_end_record_after_the_last_checkpoint_was_read_ends_the_watch(tmp_path):
     write(tmp_path, 10, epoch=1)
-    chief = Chief(tmp_path, [lambda d: files.write_end(d, step=10, epoch=1, epochs=1)])
+    chief = Chief(tmp_path, [lambda d: end_record.write(d, step=10, epoch=1, epochs=1)])
     assert steps(watch.CheckpointWatcher(tmp_path, sleep=chief.sleep).events(1)) == [
         ("checkpoint", 10)]
     assert chief.polls == 1
@@ -64,9 +64,9 @@ def test_checkpoints_deleted_before_they_are_read_and_damaged_ones_are_reported(
         write(tmp_path, step)
     state = tmp_path / "ckpt-00000020" / "state.npz"
     state.write_bytes(state.read_bytes()[:50])
-    files.write_end(tmp_path, step=30, epoch=1, epochs=1)
+    end_record.write(tmp_path, step=30, epoch=1, epochs=1)
     listing = files.list_checkpoints(tmp_path)  # listed, then keep-N deletes the oldest
-    files.prune(tmp_path, keep=2)
+    publication.prune(tmp_path, keep=2)
     monkeypatch.setattr(files, "list_checkpoints", lambda directory: listing)
     events = list(watch.CheckpointWatcher(tmp_path).events(1))
     assert steps(events) == [("deleted", 10), ("damaged", 20), ("checkpoint", 30)]
@@ -75,7 +75,7 @@ def test_checkpoints_deleted_before_they_are_read_and_damaged_ones_are_reported(
 
 def test_an_end_record_of_other_epochs_is_a_previous_run(tmp_path, caplog):
     write(tmp_path, 10, epoch=1)
-    files.write_end(tmp_path, step=10, epoch=1, epochs=1)
+    end_record.write(tmp_path, step=10, epoch=1, epochs=1)
     clock = iter(range(0, 1000, 5))
     watcher = watch.CheckpointWatcher(tmp_path, timeout_seconds=12, clock=lambda: next(clock),
                                       sleep=lambda s: None)
@@ -100,25 +100,25 @@ def test_newest_skips_damaged_checkpoints_and_waits_for_a_first_one(tmp_path, ca
 
 def test_load_reads_what_it_checked(tmp_path):
     path = write(tmp_path, 5)
-    manifest, arrays = files.load(path)
+    manifest, arrays = npz.load(path)
     assert manifest["step"] == 5 and list(arrays) == ["model/00000"]
     (path / "state.npz").unlink()
-    with pytest.raises(files.CheckpointDamagedError, match="state.npz is missing"):
-        files.load(path)
+    with pytest.raises(CheckpointDamagedError, match="state.npz is missing"):
+        npz.load(path)
     with pytest.raises(FileNotFoundError, match="no longer exists"):
-        files.load(tmp_path / "ckpt-00000099")
+        npz.load(tmp_path / "ckpt-00000099")
 
 
 def test_the_end_record_is_replaced_atomically_and_removed(tmp_path):
-    assert files.read_end(tmp_path) is None
-    files.write_end(tmp_path, step=12, epoch=2, epochs=2)
-    files.write_end(tmp_path, step=24, epoch=4, epochs=4)
-    record = files.read_end(tmp_path)
+    assert end_record.read(tmp_path) is None
+    end_record.write(tmp_path, step=12, epoch=2, epochs=2)
+    end_record.write(tmp_path, step=24, epoch=4, epochs=4)
+    record = end_record.read(tmp_path)
     assert (record["step"], record["checkpoint"], record["epochs"]) == (24, "ckpt-00000024", 4)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["training-end.json"]
-    files.remove_end(tmp_path)
-    files.remove_end(tmp_path)
-    assert files.read_end(tmp_path) is None
+    end_record.remove(tmp_path)
+    end_record.remove(tmp_path)
+    assert end_record.read(tmp_path) is None
 
 
 def test_an_unreadable_checkpoint_dir_is_refused_before_waiting(tmp_path):

@@ -43,8 +43,13 @@ PURE_MODULES = [
     "hybridpar.topology.ps_cluster",
     "hybridpar.parallel.schedule",
     "hybridpar.parallel.compression_plan",
+    "hybridpar.checkpoint.end_record",
     "hybridpar.checkpoint.files",
     "hybridpar.checkpoint.manifest",
+    "hybridpar.checkpoint.npz",
+    "hybridpar.checkpoint.policy",
+    "hybridpar.checkpoint.position",
+    "hybridpar.checkpoint.publication",
     "hybridpar.checkpoint.watch",
     "hybridpar.launch",
 ]

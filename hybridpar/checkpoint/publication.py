@@ -1,0 +1,76 @@
+"""Publishing checkpoints atomically, and deleting them: what only the writing task does.
+
+A checkpoint is written under ``.partial-...`` (``files.partial_for``) and
+published only once complete: on a local filesystem the partial directory
+is renamed into place; on other filesystems (``ram://``, ``gs://``,
+``s3://``, where a directory rename is a copy or loses files) each file is
+moved into ``ckpt-<step>/`` and the manifest last, so a checkpoint without
+its manifest reads as damaged. Deletion (``prune``) is ordered the same
+way, so a crash at any point leaves nothing that reads as a good checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from hybridpar.checkpoint import files, storage
+from hybridpar.checkpoint.manifest import MANIFEST_FILE, PARTIAL_PREFIX, checkpoint_name
+from hybridpar.checkpoint.storage import Location
+
+
+def publish(directory: str | os.PathLike, partial: str | os.PathLike,
+            manifest: dict[str, Any]) -> Location:
+    """Writes the manifest into ``partial`` and publishes it as ``ckpt-<step>``.
+
+    ``manifest`` must hold ``format``, ``step`` and ``files`` (the state
+    files already in ``partial``). An existing checkpoint of the same step
+    is kept as it is (``partial`` is removed).
+    """
+    final = storage.join(directory, checkpoint_name(int(manifest["step"])))
+    text = json.dumps(manifest, indent=1).encode()
+    try:
+        if storage.exists(final):
+            return final
+        if storage.scheme(directory) is None:
+            storage.write_bytes(storage.join(partial, MANIFEST_FILE), text)
+            storage.fsync_dir(partial)
+            storage.rename(partial, final)
+            storage.fsync_dir(directory)
+            return final
+        storage.makedirs(final)
+        for name in manifest["files"]:
+            storage.rename(storage.join(partial, name), storage.join(final, name))
+        storage.write_bytes(storage.join(partial, MANIFEST_FILE), text)
+        storage.rename(storage.join(partial, MANIFEST_FILE), storage.join(final, MANIFEST_FILE))
+        return final
+    finally:
+        storage.rmtree(partial)
+
+
+def prune(directory: str | os.PathLike, keep: int) -> list[Location]:
+    """Deletes all but the newest ``keep`` checkpoints; returns the deleted ones.
+
+    Locally each is renamed to a ``.partial-`` name first, so a crash
+    mid-delete leaves nothing that looks like a checkpoint; elsewhere its
+    manifest goes first, which makes it read as damaged until it is gone.
+    """
+    stale = files.stale(directory, keep)
+    for path in stale:
+        if storage.scheme(directory) is None:
+            doomed = storage.join(directory, f"{PARTIAL_PREFIX}deleted-{storage.name(path)}-"
+                                             f"{os.getpid()}")
+            storage.rename(path, doomed)
+            storage.rmtree(doomed)
+        else:
+            storage.remove(storage.join(path, MANIFEST_FILE))
+            storage.rmtree(path)
+    return stale
+
+
+def remove_partials(directory: str | os.PathLike) -> None:
+    """Removes unfinished writes left by a process that died (call on the writer only)."""
+    for name in storage.listdir(directory):
+        if name.startswith(PARTIAL_PREFIX):
+            storage.rmtree(storage.join(directory, name))

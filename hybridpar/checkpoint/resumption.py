@@ -1,0 +1,57 @@
+"""Choosing and restoring the checkpoint a ``fit`` resumes from.
+
+The newest undamaged checkpoint is chosen (the chief's choice on every
+worker when the policy is coordinated, ``coordination``) and restored. One
+that proves damaged only as it is read (a ps's CRC32C check) falls back to
+the previous one, unless every worker must restore the same one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from hybridpar.checkpoint import coordination, files, model_state, storage
+from hybridpar.checkpoint.files import Found
+from hybridpar.checkpoint.policy import SavePolicy
+from hybridpar.errors import CheckpointDamagedError
+
+logger = logging.getLogger("hybridpar")
+
+
+def choose(directory: str | os.PathLike, policy: SavePolicy, *, is_chief: bool,
+           task: str) -> Found | None:
+    """The checkpoint to restore, or ``None`` when ``directory`` holds none yet."""
+    return coordination.choose(directory, coordinated=policy.coordinated, is_chief=is_chief,
+                               task=task, deep=policy.deep)
+
+
+def apply(model: Any, directory: str | os.PathLike, found: Found,
+          policy: SavePolicy) -> tuple[Found, model_state.Reader | None]:
+    """Restores ``found`` (or, if it proves damaged, the newest older one) into ``model``.
+
+    Returns:
+        The checkpoint restored, and the reader of its metrics when they are
+        still to be assigned (Keras resets metrics when the epoch begins).
+
+    Raises:
+        CheckpointDamagedError: when no checkpoint could be read, or the one
+            every worker restores could not.
+    """
+    while True:
+        values = model_state.reader(found.path, found.manifest)
+        try:
+            pending = model_state.apply(model, found.path, found.manifest, values,
+                                        metrics=False)
+            return found, values if pending else None
+        except CheckpointDamagedError as err:
+            if policy.coordinated:
+                raise  # every worker must restore the same one
+            logger.warning("hybridpar: checkpoint %s is damaged: %s; trying the previous "
+                           "one.", storage.name(found.path), err)
+            previous = files.latest(directory, deep=policy.deep, below=found.step)
+            if previous is None:
+                raise
+            found = Found(previous.path, previous.manifest,
+                          (*found.skipped, (found.path, str(err)), *previous.skipped))
