@@ -18,6 +18,10 @@ from launch_helpers import all_pids, is_alive  # beside this file
 import hybridpar
 
 LOGICAL_CPUS = 4
+# The zoo's conformance table: each zoo test calls ``record_property("zoo", {"model": ...,
+# "mode": ..., <figure>: value})``; pytest-xdist sends those properties to the controller
+# with the test's report. These hooks live here, not in tests/zoo/conftest.py, because the
+# xdist controller collects nothing and so loads only this conftest.
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -94,3 +98,28 @@ def tensorboard_scalars():
         return found
 
     return read
+
+
+_ROWS: list[dict] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when != "call" or not report.passed:
+        return
+    for name, value in report.user_properties:
+        if name == "zoo":
+            _ROWS.append(value)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _ROWS:
+        return
+    figures = sorted({key for row in _ROWS for key in row} - {"model", "mode"})
+    terminalreporter.section("model zoo conformance (max abs differences)")
+    header = ["model", "mode", *figures]
+    terminalreporter.write_line(" | ".join(header))
+    for row in sorted(_ROWS, key=lambda r: (r["model"], r["mode"])):
+        cells = [row["model"], row["mode"]]
+        cells += [f"{row[f]:.2g}" if isinstance(row.get(f), float) else str(row.get(f, "-"))
+                  for f in figures]
+        terminalreporter.write_line(" | ".join(cells))
