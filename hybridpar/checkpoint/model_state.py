@@ -37,7 +37,6 @@ from hybridpar.checkpoint.manifest import (
     FORMAT,
     FORMAT_V2,
     GROUPS,
-    checkpoint_name,
     key,
     mismatch_message,
 )
@@ -199,18 +198,9 @@ def assign_group(model: Any, group: str, values: Reader) -> None:
 def write(directory: str | os.PathLike, pieces: list[tensor_io.Piece], manifest: dict[str, Any],
           hash_remote: tensor_io.Hasher | None = None) -> Any:
     """Writes a snapshot as checkpoint ``ckpt-<step>`` (partial directory, then published)."""
-    final = storage.join(directory, checkpoint_name(int(manifest["step"])))
-    if storage.exists(final):
-        return final
-    partial = files.partial_for(directory, int(manifest["step"]))
-    storage.rmtree(partial)
-    storage.makedirs(partial)
-    try:
-        entries = tensor_io.write(partial, pieces, hash_remote or _hash_here)
-    except BaseException:
-        storage.rmtree(partial)
-        raise
-    return publication.publish(directory, partial, {**manifest, "files": entries})
+    hasher = hash_remote or _hash_here
+    return publication.write_and_publish(
+        directory, manifest, lambda partial: tensor_io.write(partial, pieces, hasher))
 
 
 def _hash_here(partial: Any, task: str, names: list[str]) -> dict[str, dict[str, Any]]:

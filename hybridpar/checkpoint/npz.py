@@ -17,7 +17,6 @@ from hybridpar.checkpoint import files, publication, storage
 from hybridpar.checkpoint.manifest import (
     FORMAT,
     STATE_FILE,
-    checkpoint_name,
     file_problem,
     hash_problem,
 )
@@ -74,20 +73,12 @@ def write(directory: str | os.PathLike, arrays: dict[str, np.ndarray],
 
     ``manifest`` must hold ``step``; its ``format`` and ``files`` are filled in here.
     """
-    final = storage.join(directory, checkpoint_name(int(manifest["step"])))
-    if storage.exists(final):
-        return final
-    partial = files.partial_for(directory, int(manifest["step"]))
-    storage.rmtree(partial)
-    storage.makedirs(partial)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     data = buffer.getvalue()
-    try:
+
+    def write_state(partial: Location) -> dict[str, Any]:
         storage.write_bytes(storage.join(partial, STATE_FILE), data)
-    except BaseException:
-        storage.rmtree(partial)
-        raise
-    entry = {"bytes": len(data), "sha256": _sha256(data)}
-    return publication.publish(directory, partial, {**manifest, "format": FORMAT,
-                                                    "files": {STATE_FILE: entry}})
+        return {STATE_FILE: {"bytes": len(data), "sha256": _sha256(data)}}
+
+    return publication.write_and_publish(directory, {**manifest, "format": FORMAT}, write_state)

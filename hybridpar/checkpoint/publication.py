@@ -13,11 +13,40 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from hybridpar.checkpoint import files, storage
 from hybridpar.checkpoint.manifest import MANIFEST_FILE, PARTIAL_PREFIX, checkpoint_name
 from hybridpar.checkpoint.storage import Location
+
+
+def write_and_publish(directory: str | os.PathLike, manifest: dict[str, Any],
+                      write: Callable[[Location], dict[str, Any]]) -> Location:
+    """Writes checkpoint ``ckpt-<step>`` through a partial directory, then publishes it.
+
+    Args:
+        directory: the checkpoint directory.
+        manifest: the manifest without ``files`` (it must hold ``step``).
+        write: writes the state files into the partial directory it is given
+            and returns their ``files`` entries (name -> size and SHA-256).
+
+    Returns:
+        The published checkpoint; an existing checkpoint of the same step is
+        returned as it is, without writing.
+    """
+    final = storage.join(directory, checkpoint_name(int(manifest["step"])))
+    if storage.exists(final):
+        return final
+    partial = files.partial_for(directory, int(manifest["step"]))
+    storage.rmtree(partial)
+    storage.makedirs(partial)
+    try:
+        entries = write(partial)
+    except BaseException:
+        storage.rmtree(partial)
+        raise
+    return publish(directory, partial, {**manifest, "files": entries})
 
 
 def publish(directory: str | os.PathLike, partial: str | os.PathLike,
