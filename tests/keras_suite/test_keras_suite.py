@@ -2,14 +2,22 @@
 
 The test modules shipped in the installed keras wheel for the TensorFlow
 backend's distribution and optimizer, the trainer, core layers, batch normalization,
-models, callbacks, optimizers and saving run twice in fresh processes: once plain, once
-with ``hybridpar_was_used`` (every hybridpar fix installed, a staged strategy
-alive). Each test must end the same way in both. Modules that need JAX,
-PyTorch or Orbax are skipped by name.
+models, callbacks, optimizers and saving run in a fresh process with
+``hybridpar_was_used`` (every hybridpar fix installed, a staged strategy alive).
+Each test must end as it does in a fresh process without hybridpar. Modules that
+need JAX, PyTorch or Orbax are skipped by name.
+
+The plain outcomes of the pinned Keras and TensorFlow are recorded in
+``baselines/`` (``python tests/keras_suite/test_keras_suite.py`` records them for
+the installed versions), so the suite runs the Keras tests once, not twice: every
+test whose outcome differs from the record is run again plain, in a fresh process,
+and only a difference that this plain run confirms fails. Without a record for the
+installed versions, both runs are made side by side.
 
 Run alone with ``pytest -m keras_suite``.
 """
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -17,10 +25,13 @@ import xml.etree.ElementTree as ElementTree
 
 import keras
 import pytest
+import tensorflow as tf
 
 pytestmark = [pytest.mark.keras_suite, pytest.mark.slow]
 
 KERAS = pathlib.Path(keras.__file__).parent / "src"
+BASELINE = (pathlib.Path(__file__).parent / "baselines"
+            / f"keras-{keras.__version__}_tensorflow-{tf.__version__}.json")
 MODULES = [
     "backend/tensorflow/distribute_test.py",
     "backend/tensorflow/optimizer_distribute_test.py",
@@ -63,13 +74,15 @@ def runnable_modules() -> list[str]:
     return found
 
 
-def start(tmp_path: pathlib.Path, label: str, plugin: bool) -> subprocess.Popen:
-    """Starts the Keras tests in a fresh pytest process writing ``<label>.xml``."""
+def start(tmp_path: pathlib.Path, label: str, plugin: bool,
+          tests: list[str] | None = None) -> subprocess.Popen:
+    """Starts Keras tests (``tests`` ids, or every runnable module) in a fresh pytest process
+    writing ``<label>.xml``."""
     ini = tmp_path / "pytest.ini"
     ini.write_text("[pytest]\n")
+    selected = [str(KERAS / test) for test in tests] if tests is not None else runnable_modules()
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(ini),
-               "--rootdir", str(tmp_path), f"--junitxml={tmp_path / label}.xml",
-               *runnable_modules()]
+               "--rootdir", str(KERAS), f"--junitxml={tmp_path / label}.xml", *selected]
     env = {"PATH": "/usr/bin:/bin", "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3",
            "HOME": str(tmp_path)}
     if plugin:
@@ -79,6 +92,12 @@ def start(tmp_path: pathlib.Path, label: str, plugin: bool) -> subprocess.Popen:
                             cwd=tmp_path, env=env)
 
 
+def case_id(case: ElementTree.Element) -> str:
+    """``path/to/module_test.py::Class::test`` of a junit test case (classname is dotted)."""
+    *module, cls = case.get("classname").split(".")
+    return f"{'/'.join(module)}.py::{cls}::{case.get('name')}"
+
+
 def outcomes(run: subprocess.Popen, report: pathlib.Path) -> tuple[dict[str, str], str]:
     """Each test id's outcome (passed, failed, error, skipped), and what pytest printed."""
     output, _ = run.communicate(timeout=1500)
@@ -86,17 +105,48 @@ def outcomes(run: subprocess.Popen, report: pathlib.Path) -> tuple[dict[str, str
     results = {}
     for case in ElementTree.parse(report).getroot().iter("testcase"):
         kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
-        results[f"{case.get('classname')}::{case.get('name')}"] = kinds[0] if kinds else "passed"
+        results[case_id(case)] = kinds[0] if kinds else "passed"
     return results, output
 
 
+def differences(plain: dict[str, str], after: dict[str, str]) -> dict[str, tuple]:
+    """Tests that end differently (or ran in only one of the runs): id -> (plain, after)."""
+    return {name: (plain.get(name), after.get(name))
+            for name in sorted(set(plain) | set(after)) if plain.get(name) != after.get(name)}
+
+
 def test_keras_tests_end_the_same_after_hybridpar_was_used(tmp_path):
-    runs = {label: start(tmp_path, label, plugin=label != "plain")
-            for label in ("plain", "after_hybridpar")}  # side by side: mostly one core each
-    plain, _ = outcomes(runs["plain"], tmp_path / "plain.xml")
-    after, output = outcomes(runs["after_hybridpar"], tmp_path / "after_hybridpar.xml")
+    if BASELINE.exists():
+        after, output = outcomes(start(tmp_path, "after_hybridpar", plugin=True),
+                                 tmp_path / "after_hybridpar.xml")
+        plain = json.loads(BASELINE.read_text())
+        suspects = [name for name in differences(plain, after) if name in after]
+        if suspects:
+            rerun, _ = outcomes(start(tmp_path, "plain", plugin=False, tests=suspects),
+                                tmp_path / "plain.xml")
+            plain.update(rerun)
+    else:
+        runs = {label: start(tmp_path, label, plugin=label != "plain")
+                for label in ("plain", "after_hybridpar")}  # side by side: mostly one core each
+        plain, _ = outcomes(runs["plain"], tmp_path / "plain.xml")
+        after, output = outcomes(runs["after_hybridpar"], tmp_path / "after_hybridpar.xml")
     assert "hybridpar fixes installed for the Keras tests: " in output
-    assert len(plain) > 300, f"only {len(plain)} Keras tests ran"
-    differing = {name: (plain.get(name), after.get(name))
-                 for name in sorted(set(plain) | set(after)) if plain.get(name) != after.get(name)}
+    assert len(after) > 300, f"only {len(after)} Keras tests ran"
+    differing = differences(plain, after)
     assert not differing, f"{len(differing)} Keras test(s) end differently: {differing}"
+
+
+def record_baseline(directory: pathlib.Path) -> None:
+    """Runs the Keras tests plain and writes their outcomes to ``BASELINE``."""
+    plain, output = outcomes(start(directory, "plain", plugin=False), directory / "plain.xml")
+    assert len(plain) > 300, output[-5000:]
+    BASELINE.parent.mkdir(exist_ok=True)
+    BASELINE.write_text(json.dumps(plain, indent=1, sort_keys=True) + "\n")
+    print(f"{len(plain)} outcomes written to {BASELINE}")
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        record_baseline(pathlib.Path(scratch))
