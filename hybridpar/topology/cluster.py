@@ -81,6 +81,16 @@ class ClusterInfo:
         return len(self.jobs.get("ps", ()))
 
     @property
+    def runs_collectives(self) -> bool:
+        """True for a chief or worker of a multi-worker cluster without ps tasks.
+
+        Such a task all-reduces with collective ops, which TensorFlow
+        configures only at program startup (``hybridpar.initialize``).
+        """
+        return (self.num_ps == 0 and self.num_workers > 1
+                and self.task_type in ("chief", "worker"))
+
+    @property
     def is_evaluator(self) -> bool:
         """True for the ``evaluator`` task: it evaluates checkpoints and never trains."""
         return self.task_type == "evaluator"
