@@ -105,6 +105,74 @@ def build_model(config: StrategyConfig, num_classes: int, input_shape: tuple[int
     return model
 
 
+@dataclasses.dataclass
+class _Run:
+    """What ``train`` built inside the scope."""
+
+    hybrid: Any
+    model_dir: Path
+    log_dir: Path
+    train_data: tf.data.Dataset
+    eval_data: tf.data.Dataset | None
+    model: keras.Model
+
+
+def _checked(config: StrategyConfig, model_dir: str | Path) -> StrategyConfig:
+    """``config`` with the evaluator's log directory under ``model_dir`` unless set.
+
+    Raises:
+        ConfigError: without ``data.global_batch_size``.
+    """
+    if config.data.global_batch_size is None:
+        raise ConfigError(
+            "hybridpar train needs data.global_batch_size. Received: null. "
+            "Set it in the config or with --set data.global_batch_size=64."
+        )
+    if config.evaluator.log_dir is not None:
+        return config
+    evaluation_logs = Path(model_dir) / "logs" / "evaluation"
+    return config.override({"evaluator.log_dir": str(evaluation_logs)})
+
+
+def _set_up(config: StrategyConfig, model_dir: str | Path) -> _Run:
+    """Seeds Keras, enters ``hybridpar.scope(config)``, builds the input pipelines and the
+    model."""
+    settings = config.train
+    info = data.dataset_info(settings.dataset, settings.data_dir)
+    keras.utils.set_random_seed(settings.seed)
+    with scope(config) as hybrid:
+        model_dir = ensure_writable(hybrid.output_dir(model_dir), key="--model_dir")
+        train_data = input_pipeline(config, settings.train_split, training=True)
+        eval_data = (
+            input_pipeline(config, settings.eval_split, training=False)
+            if settings.eval_split
+            else None
+        )
+        input_shape = tuple(train_data.element_spec[0].shape[1:])
+        model = build_model(config, info.features[info.supervised_keys[1]].num_classes, input_shape)
+    log_dir = Path(config.evaluator.log_dir) if hybrid.is_evaluator else model_dir / "logs"
+    return _Run(hybrid, model_dir, log_dir, train_data, eval_data, model)
+
+
+def _callbacks(config: StrategyConfig, run: _Run) -> list[keras.callbacks.Callback]:
+    """TensorBoard, the strategy's own callbacks and the pipeline timeline if asked for."""
+    steps = config.train.timeline_steps
+    timeline = [PipelineTimeline(run.model_dir, steps=steps)] if steps else []
+    return [keras.callbacks.TensorBoard(log_dir=str(run.log_dir)), *run.hybrid.callbacks(),
+            *timeline]
+
+
+def _save(run: _Run) -> tuple[Path, Path]:
+    """Saves the model and its placement (text and picture); returns their paths."""
+    model_path = run.model_dir / "model.keras"
+    run.model.save(model_path)
+    placement = run.hybrid.describe(run.model)
+    placement_png = run.model_dir / "placement.png"
+    placement.save_png(placement_png)
+    (run.model_dir / "placement.txt").write_text(f"{placement}\n")
+    return model_path, placement_png
+
+
 def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) -> TrainResult:
     """Trains ``config.train.model`` under ``hybridpar.scope(config)``.
 
@@ -119,78 +187,43 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
         ConfigError: for a config that cannot train (before any training).
         hybridpar.data.DatasetNotFoundError: when the data is not prepared.
     """
+    config = _checked(config, model_dir)
     settings = config.train
-    batch = config.data.global_batch_size
-    if batch is None:
-        raise ConfigError(
-            "hybridpar train needs data.global_batch_size. Received: null. "
-            "Set it in the config or with --set data.global_batch_size=64."
-        )
-    if config.evaluator.log_dir is None:
-        evaluation_logs = Path(model_dir) / "logs" / "evaluation"
-        config = config.override({"evaluator.log_dir": str(evaluation_logs)})
-    info = data.dataset_info(settings.dataset, settings.data_dir)
-    keras.utils.set_random_seed(settings.seed)
     started = time.perf_counter()
-    with scope(config) as hybrid:
-        model_dir = ensure_writable(hybrid.output_dir(model_dir), key="--model_dir")
-        train_data = input_pipeline(config, settings.train_split, training=True)
-        eval_data = (
-            input_pipeline(config, settings.eval_split, training=False)
-            if settings.eval_split
-            else None
-        )
-        input_shape = tuple(train_data.element_spec[0].shape[1:])
-        model = build_model(config, info.features[info.supervised_keys[1]].num_classes, input_shape)
-    throughput = Throughput(batch)
-    log_dir = Path(config.evaluator.log_dir) if hybrid.is_evaluator else model_dir / "logs"
-    timeline = (
-        [PipelineTimeline(model_dir, steps=settings.timeline_steps)]
-        if settings.timeline_steps
-        else []
-    )
-    history = model.fit(
-        train_data,
+    run = _set_up(config, model_dir)
+    throughput = Throughput(config.data.global_batch_size)
+    history = run.model.fit(
+        run.train_data,
         epochs=settings.epochs,
         steps_per_epoch=settings.steps_per_epoch,
-        validation_data=eval_data,
+        validation_data=run.eval_data,
         shuffle=False,
-        callbacks=[
-            throughput,
-            keras.callbacks.TensorBoard(log_dir=str(log_dir)),
-            *hybrid.callbacks(),
-            *timeline,
-        ],
+        callbacks=[throughput, *_callbacks(config, run)],
         verbose=verbose,
     )
-    eval_metrics = (
-        model.evaluate(eval_data, return_dict=True, verbose=0) if eval_data is not None else {}
-    )
-    model_path = model_dir / "model.keras"
-    model.save(model_path)
-    placement = hybrid.describe(model)
-    placement_png = model_dir / "placement.png"
-    placement.save_png(placement_png)
-    (model_dir / "placement.txt").write_text(f"{placement}\n")
+    eval_metrics = ({} if run.eval_data is None
+                    else run.model.evaluate(run.eval_data, return_dict=True, verbose=0))
+    model_path, placement_png = _save(run)
     rates = throughput.epoch_rates[1:] or throughput.epoch_rates
+    hybrid = run.hybrid
     result = TrainResult(
         mode=hybrid.mode,
         num_replicas=hybrid.num_replicas,
         stages=hybrid.plan.mesh.stages,
         devices=list(hybrid.devices),
-        global_batch_size=batch,
+        global_batch_size=config.data.global_batch_size,
         epochs=settings.epochs,
         examples_per_sec=sum(rates) / len(rates) if rates else 0.0,  # none on the evaluator
         train_metrics=_final(history.history, prefix_excluded="val_"),
         eval_metrics={k: float(v) for k, v in eval_metrics.items()},
         model_path=str(model_path),
-        log_dir=str(log_dir),
+        log_dir=str(run.log_dir),
         placement_png=str(placement_png),
         seconds=time.perf_counter() - started,
         compression=_compression_summary(hybrid),
         is_chief=hybrid.is_chief,
     )
-    (model_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(result), indent=2))
+    (run.model_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(result), indent=2))
     return result
 
 

@@ -2,7 +2,8 @@
 
 ``engine`` is the typed-dataclass machinery (strict keys, did-you-mean, dotted
 overrides, YAML lines); ``sections`` declares the sections the contract
-promises; ``devices`` parses device names.
+promises, ``strategy`` the whole config and its cross-section rules;
+``devices`` parses device names.
 """
 
 from hybridpar.config.engine import did_you_mean
@@ -16,10 +17,9 @@ from hybridpar.config.sections import (
     ParameterServerConfig,
     PartitionerConfig,
     PowerSGDConfig,
-    StrategyConfig,
     TrainConfig,
-    check_batch_divides,
 )
+from hybridpar.config.strategy import StrategyConfig, check_batch_divides
 
 __all__ = [
     "CheckpointConfig",

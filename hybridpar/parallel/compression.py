@@ -28,7 +28,6 @@ from typing import Any
 import tensorflow as tf
 
 from hybridpar.config import CommunicationConfig, StrategyConfig
-from hybridpar.errors import ConfigError
 from hybridpar.parallel.all_reduce import all_reduce_sum
 from hybridpar.parallel.compression_plan import CompressionReport, plan
 from hybridpar.parallel.powersgd import PowerSGDState, spec_of
@@ -46,23 +45,12 @@ def from_config(config: StrategyConfig, strategy_plan: Plan) -> GradientCompress
     """The compression of a strategy about to be built, or ``None`` when there is none.
 
     With one replica nothing is all-reduced: a warning says so and training
-    runs uncompressed.
-
-    Raises:
-        ConfigError: in parameter-server mode, which has no all-reduce.
+    runs uncompressed. ``topology.plan`` already refused compression in
+    parameter-server mode, which has no all-reduce.
     """
     settings = config.communication
     if settings.compression == "none":
         return None
-    if strategy_plan.mode == "parameter_server":
-        raise ConfigError(
-            f"communication.compression={settings.compression!r} compresses the synchronous "
-            "gradient all-reduce of modes 'mirrored' and 'multi_worker' (and hybrid stages); "
-            "parameter-server training pushes each worker's gradients to the ps tasks "
-            "without an all-reduce. Received: data_parallel.mode='parameter_server'"
-            f"{' (resolved from TF_CONFIG)' if config.data_parallel.mode == 'auto' else ''}. "
-            "Set communication.compression to 'none', or train in mode 'multi_worker'."
-        )
     if strategy_plan.num_replicas == 1:
         logger.warning(
             "hybridpar: communication.compression=%r has no effect with 1 replica (nothing is "

@@ -1,4 +1,8 @@
-"""The strategy a checked config asks for, one builder per mode."""
+"""The strategy a checked config asks for, one builder per mode.
+
+Every check of the config against the runtime ran in ``topology.plan``; the
+builders here trust the plan.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,6 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from hybridpar.compat import check_versions, hold
-from hybridpar.config.devices import device_kind
-from hybridpar.errors import ConfigError
 from hybridpar.state import StrategyState
 from hybridpar.strategies import multi_worker, parameter_server
 from hybridpar.strategies.evaluator import EvaluatorRunner
@@ -23,14 +25,8 @@ def _one_device(state: StrategyState) -> tf.distribute.Strategy:
 
 
 def _mirrored(state: StrategyState) -> tf.distribute.Strategy:
-    devices = state.plan.mesh.stage_devices(0)
-    implementation = state.config.communication.implementation
-    if implementation == "nccl" and any(device_kind(d) != "GPU" for d in devices):
-        raise ConfigError(
-            "communication.implementation='nccl' needs GPU devices only, but the replicas "
-            f"run on {', '.join(devices)}. Use 'auto' or 'ring'."
-        )
-    return HybridMirroredStrategy(state, devices, ring=implementation == "ring")
+    ring = state.config.communication.implementation == "ring"
+    return HybridMirroredStrategy(state, state.plan.mesh.stage_devices(0), ring=ring)
 
 
 BUILDERS: dict[str, Callable[[StrategyState], tf.distribute.Strategy]] = {
@@ -45,7 +41,6 @@ def build_strategy(state: StrategyState) -> tf.distribute.Strategy:
     """Builds the strategy for ``state`` and installs the Keras fixes it needs while it lives.
 
     Raises:
-        ConfigError: when the strategy cannot be built for this runtime.
         RuntimeError: on a TensorFlow/Keras line the fixes were not verified on.
     """
     check_versions()

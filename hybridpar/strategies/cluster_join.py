@@ -2,11 +2,11 @@
 
 TensorFlow refuses to start collective ops once any op has run ("Collective
 ops must be configured at program startup"), yet users build their tf.data
-pipeline before they enter a strategy scope. So when ``TF_CONFIG`` names a
-multi-worker cluster, ``import hybridpar`` brings this task into the cluster
-(``bring_up``) before the user's code runs any op; ``hybridpar.scope()``
-later builds the strategy with the config's communication options on the
-cluster that is already up.
+pipeline before they enter a strategy scope. So ``hybridpar.initialize()``
+(which ``import hybridpar`` calls when ``TF_CONFIG`` names a cluster) brings a
+task of a multi-worker cluster into it (``bring_up``) before the user's code
+runs any op; ``hybridpar.scope()`` later builds the strategy with the config's
+communication options on the cluster that is already up.
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def _check_same_spec(cluster: ClusterInfo, timeout_s: int) -> None:
 def bring_up(cluster: ClusterInfo, register_timeout_s: int = REGISTER_TIMEOUT_SECONDS) -> None:
     """Starts this task's server and joins the cluster (once per process).
 
-    Call it before any TensorFlow op runs; ``import hybridpar`` does when
-    TF_CONFIG names a multi-worker cluster.
+    Call it before any TensorFlow op runs; ``hybridpar.initialize()`` does
+    on a chief or worker of a multi-worker cluster.
 
     Raises:
         ConfigError: when ops already ran, the cluster cannot form, or the

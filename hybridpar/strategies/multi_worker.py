@@ -19,7 +19,6 @@ from tensorflow.python.distribute.collective_all_reduce_strategy import (
 
 from hybridpar.config import StrategyConfig
 from hybridpar.data import sharding
-from hybridpar.errors import ConfigError
 from hybridpar.state import OwnedStrategy, StrategyState
 from hybridpar.strategies import cluster_join, collective_keys, collective_restart, even_batches
 from hybridpar.strategies.mirrored import StagedExtended
@@ -91,18 +90,11 @@ class HybridMultiWorkerMirroredStrategy(OwnedStrategy, tf.distribute.MultiWorker
 def build(state: StrategyState) -> HybridMultiWorkerMirroredStrategy:
     """The multi-worker strategy for ``state``'s config, on the cluster that is up.
 
-    The evaluator task never gets here: its plan is local (``topology.plan``).
-
-    Raises:
-        ConfigError: for a cluster with ps tasks.
+    The evaluator task never gets here: its plan is local (``topology.plan``),
+    which also refused a cluster with ps tasks. Joining is a no-op when
+    ``hybridpar.initialize()`` already joined this cluster.
     """
     cluster = state.cluster
-    if cluster is not None and cluster.num_ps:
-        raise ConfigError(
-            f"data_parallel.mode='multi_worker' cannot use a cluster with 'ps' tasks "
-            f"(TF_CONFIG lists {cluster.num_ps}). Use mode 'parameter_server' (or 'auto'), "
-            "or remove the ps job."
-        )
     if cluster is not None:
         cluster_join.bring_up(cluster)
     return HybridMultiWorkerMirroredStrategy(state, server_running=cluster is not None)

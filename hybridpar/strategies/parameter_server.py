@@ -22,7 +22,6 @@ from hybridpar.state import OwnedStrategy, StrategyState
 from hybridpar.strategies import ps_chief, ps_evaluator_job
 from hybridpar.strategies.ps_training import ParameterServerRunner
 from hybridpar.topology.cluster import ClusterInfo
-from hybridpar.topology.ps_cluster import check_cluster
 
 logger = logging.getLogger("hybridpar")
 
@@ -79,12 +78,11 @@ class HybridParameterServerStrategy(
 def build(state: StrategyState) -> HybridParameterServerStrategy:
     """The chief's strategy and its coordinator; on worker and ps tasks this never returns.
 
-    The evaluator task never gets here: its plan is local (``topology.plan``).
-
-    Raises:
-        RuntimeMismatchError: for a cluster that cannot train this way.
+    The evaluator task never gets here: its plan is local (``topology.plan``),
+    which also checked that the cluster can train this way.
     """
-    cluster = check_cluster(state.cluster, state.config)
+    cluster = state.cluster
+    assert cluster is not None, "make_plan refuses parameter_server without a cluster"
     if cluster.task_type == "ps" and state.config.checkpoint.dir is not None:
         # This ps writes its own checkpoint files; it hashes them for the manifest too.
         remote_hashing.serve_in_background(state.config.checkpoint.dir, f"ps:{cluster.task_index}")

@@ -81,6 +81,16 @@ class ClusterInfo:
         return len(self.jobs.get("ps", ()))
 
     @property
+    def runs_collectives(self) -> bool:
+        """True for a chief or worker of a multi-worker cluster without ps tasks.
+
+        Such a task all-reduces with collective ops, which TensorFlow
+        configures only at program startup (``hybridpar.initialize``).
+        """
+        return (self.num_ps == 0 and self.num_workers > 1
+                and self.task_type in ("chief", "worker"))
+
+    @property
     def is_evaluator(self) -> bool:
         """True for the ``evaluator`` task: it evaluates checkpoints and never trains."""
         return self.task_type == "evaluator"
@@ -123,20 +133,8 @@ class ClusterInfo:
         return self.task_type == "worker" and self.task_index == 0
 
 
-def parse_tf_config(text: str | None) -> ClusterInfo | None:
-    """Parses and validates a ``TF_CONFIG`` value.
-
-    Args:
-        text: the JSON text, or ``None``/empty when TF_CONFIG is unset.
-
-    Returns:
-        The cluster, or ``None`` when TF_CONFIG is unset or names no cluster.
-
-    Raises:
-        ConfigError: naming TF_CONFIG, what was received and how to fix it.
-    """
-    if text is None or not text.strip():
-        return None
+def _load_json(text: str) -> dict:
+    """TF_CONFIG's JSON object."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
@@ -148,9 +146,11 @@ def parse_tf_config(text: str | None) -> ClusterInfo | None:
         ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"TF_CONFIG must be a JSON object. Received: TF_CONFIG={text!r}.")
-    cluster = data.get("cluster") or {}
-    if not cluster:
-        return None
+    return data
+
+
+def _parse_jobs(cluster: object) -> dict[str, tuple[str, ...]]:
+    """TF_CONFIG's ``cluster``: job name -> addresses, at most one chief and one evaluator."""
     if not isinstance(cluster, dict):
         raise ConfigError(
             f"TF_CONFIG 'cluster' must map job names to address lists. Received: {cluster!r}."
@@ -180,7 +180,11 @@ def parse_tf_config(text: str | None) -> ClusterInfo | None:
             f"TF_CONFIG lists {len(jobs['evaluator'])} evaluators; a cluster has at most one "
             f"(TensorFlow's rule). Received: evaluator={list(jobs['evaluator'])}. Keep one."
         )
-    task = data.get("task") or {}
+    return jobs
+
+
+def _parse_task(task: Mapping, jobs: Mapping[str, tuple[str, ...]]) -> Task:
+    """TF_CONFIG's ``task``: a job of the cluster and an index within it."""
     task_type, task_index = task.get("type"), task.get("index", 0)
     if task_type not in jobs:
         raise ConfigError(
@@ -196,7 +200,30 @@ def parse_tf_config(text: str | None) -> ClusterInfo | None:
             f"TF_CONFIG task index {task_index} is out of range for job {task_type!r} "
             f"with {len(jobs[task_type])} task(s) (valid: 0..{len(jobs[task_type]) - 1})."
         )
-    return ClusterInfo(jobs=jobs, task_type=task_type, task_index=task_index)
+    return Task(task_type, task_index)
+
+
+def parse_tf_config(text: str | None) -> ClusterInfo | None:
+    """Parses and validates a ``TF_CONFIG`` value.
+
+    Args:
+        text: the JSON text, or ``None``/empty when TF_CONFIG is unset.
+
+    Returns:
+        The cluster, or ``None`` when TF_CONFIG is unset or names no cluster.
+
+    Raises:
+        ConfigError: naming TF_CONFIG, what was received and how to fix it.
+    """
+    if text is None or not text.strip():
+        return None
+    data = _load_json(text)
+    cluster = data.get("cluster") or {}
+    if not cluster:
+        return None
+    jobs = _parse_jobs(cluster)
+    task = _parse_task(data.get("task") or {}, jobs)
+    return ClusterInfo(jobs=jobs, task_type=task.type, task_index=task.index)
 
 
 def tf_config_json(cluster: ClusterInfo) -> str:

@@ -1,8 +1,13 @@
 """Checks a config against the runtime and decides the layout (pure Python).
 
-``make_plan`` is the second, explicit check that ``hybridpar.scope()`` runs
-before it builds any strategy: the devices must exist, replicas x stages must
-fit in them, and the global batch must divide over the replicas.
+``make_plan`` is the one place where a config meets the runtime: after the
+config's own checks, ``hybridpar.scope()`` runs it once, before it builds any
+strategy, on plain data gathered at the edge (the local devices, the TF_CONFIG
+cluster). The devices must exist, replicas x stages must fit in them, the
+global batch must divide over the replicas, the cluster must suit the mode
+(parameter servers, no ps tasks under multi_worker) and so must the settings
+(``nccl`` on GPUs only, no compression or stages with parameter servers). The
+strategy builders trust the plan and check nothing again.
 """
 
 from __future__ import annotations
@@ -143,25 +148,65 @@ def _evaluator_plan(
     return dataclasses.replace(plan, evaluator=True, cluster_mode=cluster_mode)
 
 
-def make_plan(
-    config: StrategyConfig, available: Sequence[str], cluster: ClusterInfo | None = None
-) -> Plan:
-    """Checks ``config`` against the runtime and returns the layout to build.
-
-    On an ``evaluator`` task the layout is local (see ``Plan.evaluator``).
-
-    Args:
-        config: a validated config.
-        available: names of the local (logical) devices that exist.
-        cluster: the cluster from TF_CONFIG, if any.
+def _check_parameter_server(config: StrategyConfig, cluster: ClusterInfo | None) -> None:
+    """The cluster, the model-parallel settings and compression of ``parameter_server`` mode.
 
     Raises:
-        RuntimeMismatchError: when devices are missing or too few, or the batch
-            does not divide over the replicas.
-        ConfigError: on an evaluator task without ``checkpoint.dir``.
+        RuntimeMismatchError: for a cluster that cannot train this way.
+        ConfigError: for model-parallel stages, microbatches or gradient compression.
     """
-    if cluster is not None and cluster.is_evaluator:
-        return _evaluator_plan(config, available, cluster)
+    check_cluster(cluster, config)
+    parallel = config.model_parallel
+    if parallel.stages > 1 or parallel.microbatches > 1:
+        raise ConfigError(
+            "data_parallel.mode='parameter_server' trains whole models on each worker; "
+            "model-parallel stages and microbatches are not available with it. Received: "
+            f"model_parallel.stages={parallel.stages}, "
+            f"model_parallel.microbatches={parallel.microbatches}. Set both to 1, or use "
+            "mode 'mirrored' or 'multi_worker'."
+        )
+    compression = config.communication.compression
+    if compression != "none":
+        raise ConfigError(
+            f"communication.compression={compression!r} compresses the synchronous "
+            "gradient all-reduce of modes 'mirrored' and 'multi_worker' (and hybrid stages); "
+            "parameter-server training pushes each worker's gradients to the ps tasks "
+            "without an all-reduce. Received: data_parallel.mode='parameter_server'"
+            f"{' (resolved from TF_CONFIG)' if config.data_parallel.mode == 'auto' else ''}. "
+            "Set communication.compression to 'none', or train in mode 'multi_worker'."
+        )
+
+
+def _check_multi_worker(cluster: ClusterInfo | None) -> None:
+    """Raises ConfigError for a ``multi_worker`` cluster with ps tasks."""
+    if cluster is not None and cluster.num_ps:
+        raise ConfigError(
+            f"data_parallel.mode='multi_worker' cannot use a cluster with 'ps' tasks "
+            f"(TF_CONFIG lists {cluster.num_ps}). Use mode 'parameter_server' (or 'auto'), "
+            "or remove the ps job."
+        )
+
+
+def _check_mirrored(config: StrategyConfig, mesh: DeviceMesh) -> None:
+    """Raises ConfigError when ``nccl`` is asked for replicas that are not all GPUs."""
+    devices = mesh.stage_devices(0)
+    if config.communication.implementation == "nccl" and any(
+        device_kind(d) != "GPU" for d in devices
+    ):
+        raise ConfigError(
+            "communication.implementation='nccl' needs GPU devices only, but the replicas "
+            f"run on {', '.join(devices)}. Use 'auto' or 'ring'."
+        )
+
+
+def _local_devices(
+    config: StrategyConfig, available: Sequence[str]
+) -> tuple[str, ...]:
+    """The selected devices, trimmed to whole replicas unless the user listed them.
+
+    Raises:
+        RuntimeMismatchError: when there are fewer devices than stages.
+    """
     devices = select_devices(config, available)
     stages = config.model_parallel.stages
     if len(devices) < stages:
@@ -170,40 +215,74 @@ def make_plan(
             f"{len(devices)} are available: {', '.join(devices)}. Lower "
             "model_parallel.stages or add devices."
         )
-    explicit = config.data_parallel.devices is not None
-    if not explicit:
-        devices = devices[: len(devices) - len(devices) % stages]
-    mode = resolve_mode(config, cluster, len(devices) // stages)
+    if config.data_parallel.devices is not None:
+        return devices
+    return devices[: len(devices) - len(devices) % stages]
+
+
+def _mode_devices(
+    config: StrategyConfig, mode: str, devices: tuple[str, ...], cluster: ClusterInfo | None
+) -> tuple[str, ...]:
+    """The devices ``mode`` trains on, after that mode's checks against the runtime."""
+    stages = config.model_parallel.stages
     if mode == "none":
-        if explicit and len(devices) > stages:
+        if config.data_parallel.devices is not None and len(devices) > stages:
             raise RuntimeMismatchError(
                 f"data_parallel.mode='none' trains one replica on {stages} device(s), but "
                 f"data_parallel.devices lists {len(devices)}. Use mode 'mirrored'."
             )
-        devices = devices[:stages]
+        return devices[:stages]
     if mode == "multi_worker":
-        devices = _multi_worker_devices(config, devices)
+        _check_multi_worker(cluster)
+        return _multi_worker_devices(config, devices)
     if mode == "parameter_server":
-        check_cluster(cluster, config)
-        parallel = config.model_parallel
-        if parallel.stages > 1 or parallel.microbatches > 1:
-            raise ConfigError(
-                "data_parallel.mode='parameter_server' trains whole models on each worker; "
-                "model-parallel stages and microbatches are not available with it. Received: "
-                f"model_parallel.stages={parallel.stages}, "
-                f"model_parallel.microbatches={parallel.microbatches}. Set both to 1, or use "
-                "mode 'mirrored' or 'multi_worker'."
-            )
-    mesh = DeviceMesh(devices, stages)
-    num_workers = cluster.num_workers if cluster is not None and mode == "multi_worker" else 1
-    plan = Plan(mode=mode, mesh=mesh, num_workers=num_workers, explicit_devices=explicit)
+        _check_parameter_server(config, cluster)
+    return devices
+
+
+def _check_batch(config: StrategyConfig, plan: Plan) -> None:
+    """Raises RuntimeMismatchError unless the global batch divides over the plan's replicas."""
     batch = config.data.global_batch_size
-    if batch is not None:
-        try:
-            check_batch_divides(batch, plan.num_replicas, config.model_parallel.microbatches)
-        except ConfigError as err:
-            raise RuntimeMismatchError(
-                f"{err} (replicas here: {plan.mesh.replicas} per worker on "
-                f"{', '.join(devices)} x {num_workers} worker(s))."
-            ) from None
+    if batch is None:
+        return
+    try:
+        check_batch_divides(batch, plan.num_replicas, config.model_parallel.microbatches)
+    except ConfigError as err:
+        raise RuntimeMismatchError(
+            f"{err} (replicas here: {plan.mesh.replicas} per worker on "
+            f"{', '.join(plan.mesh.devices)} x {plan.num_workers} worker(s))."
+        ) from None
+
+
+def make_plan(
+    config: StrategyConfig, available: Sequence[str], cluster: ClusterInfo | None = None
+) -> Plan:
+    """Checks ``config`` against the runtime and returns the layout to build.
+
+    The runtime is plain data the caller gathered: the local devices that
+    exist and the cluster from TF_CONFIG (its worker count among it). On an
+    ``evaluator`` task the layout is local (see ``Plan.evaluator``).
+
+    Args:
+        config: a validated config.
+        available: names of the local (logical) devices that exist.
+        cluster: the cluster from TF_CONFIG, if any.
+
+    Raises:
+        RuntimeMismatchError: when devices are missing or too few, the batch
+            does not divide over the replicas, or the cluster does not fit the mode.
+        ConfigError: for settings the resolved mode cannot use, or on an
+            evaluator task without ``checkpoint.dir``.
+    """
+    if cluster is not None and cluster.is_evaluator:
+        return _evaluator_plan(config, available, cluster)
+    devices = _local_devices(config, available)
+    mode = resolve_mode(config, cluster, len(devices) // config.model_parallel.stages)
+    mesh = DeviceMesh(_mode_devices(config, mode, devices, cluster), config.model_parallel.stages)
+    if mode == "mirrored":
+        _check_mirrored(config, mesh)
+    num_workers = cluster.num_workers if cluster is not None and mode == "multi_worker" else 1
+    plan = Plan(mode=mode, mesh=mesh, num_workers=num_workers,
+                explicit_devices=config.data_parallel.devices is not None)
+    _check_batch(config, plan)
     return plan

@@ -246,3 +246,37 @@ def test_the_evaluator_of_a_parameter_server_cluster_checks_that_cluster():
                                           "task": {"type": "evaluator", "index": 0}}))
     with pytest.raises(RuntimeMismatchError, match="needs a 'worker' job in TF_CONFIG"):
         make_plan(cfg, CPUS, cluster)
+
+
+def test_nccl_needs_gpu_replicas_before_any_strategy_is_built():
+    cfg = config(**{"data_parallel.mode": "mirrored", "communication.implementation": "nccl"})
+    with pytest.raises(ConfigError, match=r"'nccl' needs GPU devices only, but the replicas "
+                                          r"run on /device:CPU:0, /device:CPU:1"):
+        make_plan(cfg, CPUS[:2])
+    gpus = make_plan(cfg, GPUS)
+    assert gpus.mesh.devices == ("/device:GPU:0", "/device:GPU:1")
+
+
+def test_multi_worker_refuses_a_cluster_with_ps_tasks():
+    ps = parse_tf_config(json.dumps({
+        "cluster": {"chief": ["h:0"], "worker": ["h:1"], "ps": ["h:2"]},
+        "task": {"type": "worker", "index": 0},
+    }))
+    with pytest.raises(ConfigError, match=r"mode='multi_worker' cannot use a cluster with 'ps' "
+                                          r"tasks \(TF_CONFIG lists 1\)"):
+        make_plan(config(**{"data_parallel.mode": "multi_worker"}), CPUS, ps)
+
+
+@pytest.mark.parametrize("mode, resolved", [("auto", " (resolved from TF_CONFIG)"),
+                                            ("parameter_server", "")])
+def test_parameter_server_refuses_gradient_compression(mode, resolved):
+    ps = parse_tf_config(json.dumps({
+        "cluster": {"chief": ["h:0"], "worker": ["h:1"], "ps": ["h:2"]},
+        "task": {"type": "chief", "index": 0},
+    }))
+    cfg = config(**{"data_parallel.mode": mode, "communication.compression": "fp16"})
+    with pytest.raises(ConfigError, match=r"compression='fp16' compresses the synchronous .* "
+                                          r"Received: data_parallel.mode='parameter_server'"
+                                          + resolved.replace("(", r"\(").replace(")", r"\)")
+                                          + r"\. Set"):
+        make_plan(cfg, CPUS, ps)

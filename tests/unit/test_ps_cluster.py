@@ -91,7 +91,7 @@ def test_zero_shards_are_refused_by_the_config():
 
 
 @pytest.mark.parametrize("task", [("chief", 0), ("worker", 1), ("ps", 0)])
-def test_import_does_not_join_a_parameter_server_cluster(task, monkeypatch):
+def test_initialize_does_not_join_a_parameter_server_cluster(task, monkeypatch):
     import hybridpar.strategies.cluster_join
 
     joined = []
@@ -99,9 +99,9 @@ def test_import_does_not_join_a_parameter_server_cluster(task, monkeypatch):
     spec = {"chief": ["h:1"], "worker": ["h:2", "h:3"], "ps": ["h:4"]}
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec,
                                                 "task": {"type": task[0], "index": task[1]}}))
-    hybridpar._join_cluster_from_tf_config()
+    assert hybridpar.initialize().task_type == task[0]
     assert joined == []  # parameter-server tasks start their servers in scope() instead
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["h:2", "h:3"]},
                                                 "task": {"type": "worker", "index": 1}}))
-    hybridpar._join_cluster_from_tf_config()
-    assert len(joined) == 1  # a multi-worker cluster is joined at import
+    hybridpar.initialize()
+    assert len(joined) == 1  # a multi-worker cluster is joined (at import, by initialize())
