@@ -2,7 +2,8 @@
 
 ``engine`` is the typed-dataclass machinery (strict keys, did-you-mean, dotted
 overrides, YAML lines); ``sections`` declares the sections the contract
-promises; ``devices`` parses device names.
+promises (``model_parallel`` the model-parallel section); ``devices`` parses
+device names.
 """
 
 from hybridpar.config.engine import did_you_mean

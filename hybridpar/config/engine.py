@@ -83,7 +83,15 @@ def coerce(value: Any, hint: Any, path: str) -> Any:
         args = typing.get_args(hint)
         if value is None and type(None) in args:
             return None
-        (inner,) = [a for a in args if a is not type(None)]
+        inners = [a for a in args if a is not type(None)]
+        if len(inners) > 1:  # e.g. ``int | str``: the first alternative that fits
+            for inner in inners:
+                try:
+                    return coerce(value, inner, path)
+                except ConfigError:
+                    continue
+            raise _type_error(path, value, hint)
+        (inner,) = inners
         containers = {tuple: (list, tuple), dict: Mapping}
         expected = containers.get(typing.get_origin(inner))
         if (

@@ -11,7 +11,6 @@ are separate (``hybridpar.topology.plan``) and run inside ``hybridpar.scope()``.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -28,6 +27,7 @@ from hybridpar.config.engine import (
     require,
     set_dotted,
 )
+from hybridpar.config.model_parallel import ModelParallelConfig
 from hybridpar.errors import ConfigError
 
 Mode = Literal["auto", "none", "mirrored", "multi_worker", "parameter_server"]
@@ -67,40 +67,6 @@ class DataParallelConfig(Section):
             f"Received: data_parallel.devices={list(self.devices)}.",
         )
         object.__setattr__(self, "devices", tuple(canonical))
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelParallelConfig(Section):
-    """Model-parallel stages inside each replica.
-
-    Attributes:
-        stages: devices per replica; replicas = devices / stages.
-        placement: regex (searched in the layer name) -> stage index.
-        microbatches: pipeline microbatches per replica batch.
-    """
-
-    PATH: ClassVar[str] = "model_parallel"
-    stages: int = 1
-    placement: dict[str, int] = dataclasses.field(default_factory=dict)
-    microbatches: int = 1
-
-    def validate(self) -> None:
-        positive("model_parallel.stages", self.stages)
-        positive("model_parallel.microbatches", self.microbatches)
-        for pattern, stage in self.placement.items():
-            try:
-                re.compile(pattern)
-            except re.error as err:
-                raise ConfigError(
-                    f"model_parallel.placement key is not a valid regular expression "
-                    f"({err}). Received: {pattern!r}."
-                ) from None
-            require(
-                0 <= stage < self.stages,
-                f"model_parallel.placement[{pattern!r}] names stage {stage}, but "
-                f"model_parallel.stages={self.stages} allows stages 0..{self.stages - 1}. "
-                "Raise model_parallel.stages or fix the index.",
-            )
 
 
 @dataclasses.dataclass(frozen=True)
