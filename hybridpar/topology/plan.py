@@ -171,9 +171,17 @@ def make_plan(
             "model_parallel.stages or add devices."
         )
     explicit = config.data_parallel.devices is not None
+    found = devices
     if not explicit:
         devices = devices[: len(devices) - len(devices) % stages]
     mode = resolve_mode(config, cluster, len(devices) // stages)
+    if mode == "mirrored" and len(found) % stages:
+        raise RuntimeMismatchError(
+            f"model_parallel.stages={stages} does not divide the {len(found)} local devices "
+            f"({', '.join(found)}): under mode 'mirrored' {len(found) % stages} of them would "
+            f"sit idle. Use a stage count that divides {len(found)}, or list the devices to "
+            "use in data_parallel.devices."
+        )
     if mode == "none":
         if explicit and len(devices) > stages:
             raise RuntimeMismatchError(
