@@ -102,8 +102,9 @@ def model_units(model: keras.Model) -> list[ModelUnit]:
         for depth in sorted(by_depth, reverse=True):
             for node in by_depth[depth]:
                 layer = node.operation
-                if node.is_input or layer is None or isinstance(layer, keras.layers.InputLayer):
-                    continue
+                if node.is_input or not isinstance(layer, keras.Layer) or isinstance(
+                        layer, keras.layers.InputLayer):
+                    continue  # inputs, and plain ops (``x[:, 0]``), which no stage places
                 path = (*prefix, layer.name)
                 inner = _graph(layer) if isinstance(layer, keras.Model) else None
                 if inner is not None:

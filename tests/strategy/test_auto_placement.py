@@ -93,7 +93,8 @@ def test_a_layer_too_large_for_a_device_is_refused_before_training():
 
 
 def test_the_cut_must_come_before_the_optimizer_is_built():
-    with hybridpar.scope({"data_parallel": {"mode": "none"}, "model_parallel": {"stages": 2}}) as hs:
+    config = {"data_parallel": {"mode": "none"}, "model_parallel": {"stages": 2}}
+    with hybridpar.scope(config) as hs:
         model = mlp()
         model.compile(optimizer="adam", loss="mse")
         model.optimizer.build(model.trainable_variables)

@@ -2,9 +2,13 @@
 
 keras.applications ResNet50V2 and MobileNetV2 (weights=None, 32x32 inputs) and
 keras_hub BERT and GPT-2 backbones built from tiny configs (no downloads). Each
-takes two SGD steps without microbatches on 2 logical CPUs (``mode: none``,
-2 stages) and on no strategy from the same weights; the weights must agree
-within 1e-5, as the pipeline equivalence tests ask.
+trains without microbatches on 2 logical CPUs (``mode: none``, 2 stages) and on
+no strategy from the same weights; the weights must agree within 1e-5, as the
+pipeline equivalence tests ask. The transformers take two SGD steps, the
+convolutional networks one: at 32x32 their last batch norms normalise 4
+examples of 1x1 maps, so the first step's gradients are ~100 and a 6e-8
+difference after it (float summation order across two devices) grows to
+~5e-4 after the second, on one device as on two.
 """
 
 import keras
@@ -45,8 +49,8 @@ def trains_like_one_device(build, x, y) -> hybridpar.HybridStrategy:
 
 def images(classes: int = 10):
     rng = np.random.default_rng(0)
-    return (rng.standard_normal((2 * BATCH, 32, 32, 3)).astype("float32"),
-            rng.integers(0, classes, 2 * BATCH))
+    return (rng.standard_normal((BATCH, 32, 32, 3)).astype("float32"),
+            rng.integers(0, classes, BATCH))
 
 
 @pytest.mark.parametrize("application", ["ResNet50V2", "MobileNetV2"])
@@ -55,7 +59,8 @@ def test_keras_applications_cut_in_two_train_like_one_device(application):
 
     def build():
         return getattr(keras.applications, application)(
-            weights=None, input_shape=(32, 32, 3), classes=10, **options)
+            weights=None, input_shape=(32, 32, 3), classes=10, classifier_activation=None,
+            **options)
 
     trains_like_one_device(build, *images())
 
