@@ -28,9 +28,13 @@ from typing import Any
 import keras
 
 UNKNOWN_DIM = 64
-NOMINAL_BATCH = 32  # examples per step the per-step terms are weighed against
-BYTE_COST = 16.0  # FLOPs one byte of activations or parameters costs on CPU
-LAYER_COST = 2.0e5  # FLOPs a layer's kernel launches cost per step, whatever its size
+NOMINAL_BATCH = 32  # examples per step the per-step parameter term is weighed against
+# FLOP-equivalents of one byte, fitted on 2 CPU cores to the per-layer times of
+# benchmarks/partition.py (a 12-block transformer and ResNet50V2 at 32x32): small-batch
+# products are memory-bound, so a parameter byte (read forward, read for the activation
+# gradient, its gradient written, updated) costs far more than its FLOPs say.
+ACTIVATION_BYTE_COST = 32.0
+PARAM_BYTE_COST = 128.0
 NORMALISATION = (
     keras.layers.BatchNormalization, keras.layers.LayerNormalization,
     keras.layers.GroupNormalization, keras.layers.UnitNormalization,
@@ -80,9 +84,10 @@ class StaticCost:
 
     @property
     def cost(self) -> float:
-        """The scalar the cut balances: FLOP-equivalents per step of ``NOMINAL_BATCH``."""
-        per_example = 3 * self.flops + BYTE_COST * 3 * self.activation_bytes
-        return NOMINAL_BATCH * per_example + BYTE_COST * 4 * self.param_bytes + LAYER_COST
+        """The scalar the cut balances: FLOP-equivalents of a ``NOMINAL_BATCH`` step
+        (forward and backward: 3x the forward FLOPs and activation bytes)."""
+        per_example = 3 * (self.flops + ACTIVATION_BYTE_COST * self.activation_bytes)
+        return NOMINAL_BATCH * per_example + PARAM_BYTE_COST * 4 * self.param_bytes
 
 
 def _graph(layer: Any) -> Any:
