@@ -43,6 +43,7 @@ class TrainResult:
     seconds: float
     compression: str = "none"
     is_chief: bool = True
+    stage_lines: list[str] = dataclasses.field(default_factory=list)
 
     def summary(self) -> str:
         """A short human-readable report."""
@@ -66,6 +67,7 @@ class TrainResult:
             f"  TensorBoard logs  {self.log_dir}",
             f"  placement         {self.placement_png}",
         ]
+        lines += [f"  {line.strip()}" for line in self.stage_lines]
         return "\n".join(lines)
 
 
@@ -189,6 +191,7 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
         seconds=time.perf_counter() - started,
         compression=_compression_summary(hybrid),
         is_chief=hybrid.is_chief,
+        stage_lines=placement.stages.lines() if placement.stages is not None else [],
     )
     (model_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(result), indent=2))
     return result
