@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from model_checks import max_weight_difference, single_device_twin
 
 import hybridpar
 from hybridpar import ConfigError
@@ -100,3 +101,17 @@ def test_the_cut_must_come_before_the_optimizer_is_built():
         model.optimizer.build(model.trainable_variables)
         with pytest.raises(ConfigError, match="before its optimizer is built"):
             hs.describe(model)
+
+
+def test_auto_cut_with_microbatches_trains_like_one_device():
+    keras.utils.set_random_seed(3)
+    config = {"data_parallel": {"mode": "none"},
+              "model_parallel": {"stages": 2, "microbatches": 4}}
+    with hybridpar.scope(config):
+        model = mlp()
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    twin = single_device_twin(mlp, model, {"optimizer": keras.optimizers.SGD(0.1),
+                                           "loss": "mse"})
+    for each in (model, twin):
+        each.fit(X, Y, batch_size=16, epochs=2, verbose=0, shuffle=False)
+    assert max_weight_difference(twin.get_weights(), model.get_weights()) <= 1e-5
