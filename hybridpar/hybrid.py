@@ -191,8 +191,10 @@ def build(config: StrategyConfig | None = None) -> HybridStrategy:
     cluster = cluster_from_env()
     plan = make_plan(config, _local_device_names(cluster), cluster)
     compression = compression_lib.from_config(config, plan)
-    rules = PlacementRules(config.model_parallel.placement, plan.mesh.stages)
-    placer = StagePlacer(plan.mesh, rules, plan.mode != "none", config.model_parallel.microbatches)
+    parallel = config.model_parallel
+    rules = PlacementRules(parallel.rules, plan.mesh.stages)
+    placer = StagePlacer(plan.mesh, rules, plan.mode != "none", parallel.microbatches,
+                         auto=parallel.auto, memory_limit=parallel.device_memory_bytes)
     state = StrategyState(config=config, plan=plan, cluster=cluster, placer=placer,
                           compression=compression)
     return HybridStrategy(state, build_strategy(state))

@@ -12,8 +12,10 @@ import keras
 import tensorflow as tf
 
 from hybridpar.config.devices import canonical_device
+from hybridpar.parallel import auto_placement, layer_costs
 from hybridpar.parallel.staging import StagePlacer, model_layer_paths
 from hybridpar.topology.mesh import DeviceMesh
+from hybridpar.topology.partition import imbalance as partition_imbalance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +49,8 @@ class PlacementReport:
         weight_bytes: bytes of model variables per device.
         optimizer_bytes: bytes of optimizer variables (slots) per device.
         unplaced: layers nothing placed (they run on stage 0).
+        stages: per stage: its layers, parameter bytes, estimated FLOPs or
+            measured time, and the imbalance (``None`` with one stage).
     """
 
     mesh: DeviceMesh
@@ -54,6 +58,7 @@ class PlacementReport:
     weight_bytes: dict[str, int]
     optimizer_bytes: dict[str, int]
     unplaced: tuple[str, ...]
+    stages: StageSummary | None = None
 
     def device_bytes(self, device: str) -> int:
         """Weights plus optimizer state held by ``device``."""
@@ -85,6 +90,8 @@ class PlacementReport:
             lines.append(
                 f"  not placed by any rule (on stage 0): {', '.join(self.unplaced)}"
             )
+        if self.stages is not None:
+            lines.extend(self.stages.lines())
         return "\n".join(lines)
 
     def save_png(self, path: str | os.PathLike) -> None:
@@ -116,16 +123,20 @@ class PlacementReport:
                 )
                 names = by_stage.get(stage, [])
                 shown = names[:8] + ([f"... +{len(names) - 8}"] if len(names) > 8 else [])
+                cost = [self.stages.rows[stage].figure()] if self.stages is not None else []
                 text = "\n".join(
                     [f"{device}", f"replica {replica}, stage {stage}",
-                     _megabytes(self.device_bytes(device)), "", *shown]
+                     _megabytes(self.device_bytes(device)), *cost, "", *shown]
                 )
                 axes.text(stage + 0.1, y + 0.9, text, va="top", ha="left", fontsize=7,
                           family="monospace")
         axes.set_xlim(0, mesh.stages)
         axes.set_ylim(0, mesh.replicas)
         axes.set_axis_off()
-        axes.set_title(f"{mesh.replicas} replica(s) x {mesh.stages} stage(s)", fontsize=9)
+        title = f"{mesh.replicas} replica(s) x {mesh.stages} stage(s)"
+        if self.stages is not None:
+            title += f", imbalance {self.stages.imbalance:.2f} ({self.stages.placed})"
+        axes.set_title(title, fontsize=9)
         figure.tight_layout()
         figure.savefig(path)
         pyplot.close(figure)
@@ -168,6 +179,9 @@ def _placed_by(placer: StagePlacer, path: tuple[Any, ...]) -> tuple[int, str]:
             how = "stage()"
         elif placer.rules.rule_for(name) is not None:
             how = f"rule {placer.rules.rule_for(name)!r}"
+        elif placer.rules.assigned_stage(path[: depth + 1]) is not None:
+            stage = placer.rules.assigned_stage(path[: depth + 1])
+            return stage, "auto" if depth == len(path) - 1 else f"inside {name!r}"
         else:
             continue
         stage = placer.rules.own_stage(entry)
@@ -175,13 +189,18 @@ def _placed_by(placer: StagePlacer, path: tuple[Any, ...]) -> tuple[int, str]:
     return 0, "default"
 
 
-def describe(model: keras.Model, placer: StagePlacer) -> PlacementReport:
+def describe(model: keras.Model, placer: StagePlacer, batch: int = 16) -> PlacementReport:
     """The placement report of ``model`` (built) under ``placer``.
+
+    Under ``placement: auto`` the model is cut first, once
+    (``hybridpar.parallel.auto_placement``; ``batch``: examples a profile runs).
 
     Raises:
         ConfigError: for a placement rule that matches no layer of the model,
-            a layer matched by two rules, or a stage index out of range.
+            a layer matched by two rules, or a stage index out of range; and
+            for the automatic cut's bad input.
     """
+    auto_placement.ensure_placed(model, placer, batch)
     layer_paths = [
         (layer, path)
         for layer, path in model_layer_paths(model)
@@ -215,4 +234,113 @@ def describe(model: keras.Model, placer: StagePlacer) -> PlacementReport:
         unplaced=tuple(
             "/".join(name for name, _ in path) for path in unplaced if len(path) == 1
         ),
+        stages=stage_summary(model, placer) if placer.mesh.stages > 1 else None,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class StageRow:
+    """One stage of the summary.
+
+    Attributes:
+        stage: its index.
+        layers: its placeable layers, in topological order.
+        param_bytes: bytes of their parameters.
+        flops: their estimated forward FLOPs per example.
+        seconds: their measured forward+backward seconds (``auto: profile``).
+    """
+
+    stage: int
+    layers: tuple[str, ...]
+    param_bytes: int
+    flops: float
+    seconds: float | None = None
+
+    def figure(self) -> str:
+        """Its cost: the measured time, or the estimated FLOPs."""
+        if self.seconds is not None:
+            return f"{self.seconds * 1e3:.3f} ms measured"
+        return f"{self.flops / 1e6:.3f} MFLOP/example"
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSummary:
+    """Per stage: layers, parameter bytes, FLOPs or time; the imbalance; shared layers.
+
+    Attributes:
+        placed: how the layers were placed (``auto (static)``,
+            ``auto (profile)`` or ``rules``).
+        rows: one per stage.
+        imbalance: the slowest stage over the mean, by the cost the cut
+            balanced (static estimate for manual placement).
+        shared: for each layer used more than once, where each use runs.
+    """
+
+    placed: str
+    rows: tuple[StageRow, ...]
+    imbalance: float
+    shared: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        """The summary as report lines."""
+        lines = [f"  stages ({self.placed}): imbalance {self.imbalance:.3f} (slowest / mean)"]
+        for row in self.rows:
+            first, last = (row.layers[0], row.layers[-1]) if row.layers else ("-", "-")
+            lines.append(
+                f"  stage {row.stage}: {len(row.layers)} layer(s) {first} .. {last}, "
+                f"{_megabytes(row.param_bytes)} params, {row.figure()}"
+            )
+        lines.extend(f"  shared: {text}" for text in self.shared)
+        return lines
+
+
+def _shared_uses(units: list, stage_of: list[int]) -> tuple[str, ...]:
+    at_position = {p: s for unit, s in zip(units, stage_of, strict=True) for p in unit.positions}
+    texts = []
+    for unit, stage in zip(units, stage_of, strict=True):
+        if len(unit.uses) < 2:
+            continue
+        uses = []
+        for (path, _), position in zip(unit.uses, unit.positions, strict=True):
+            before = at_position.get(position - 1)
+            source = f", input from stage {before}" if before not in (None, stage) else ""
+            uses.append(f"{'/'.join(path)} on stage {stage}{source}")
+        texts.append(f"{unit.name} placed once on stage {stage}; uses: {'; '.join(uses)}")
+    return tuple(texts)
+
+
+def stage_summary(model: keras.Model, placer: StagePlacer) -> StageSummary:
+    """The per-stage summary of ``model``: the automatic cut's, or the rules' placement."""
+    plan = getattr(model, "_hybridpar_stage_plan", None)
+    if plan is not None:
+        units, stage_of = list(plan.units), list(plan.stage_of)
+        flops, sizes, costs = plan.flops, plan.param_bytes, plan.unit_costs
+        placed = f"auto ({plan.costs})"
+    else:
+        units = layer_costs.model_units(model)
+        stage_of = [auto_placement.pinned_stage(placer, unit) or 0 for unit in units]
+        static = [layer_costs.static_cost(unit) for unit in units]
+        flops = tuple(c.flops for c in static)
+        sizes = tuple(c.param_bytes for c in static)
+        costs = tuple(c.cost for c in static)
+        placed = "rules"
+    stages = placer.mesh.stages
+
+    def total(values: Any, stage: int) -> float:
+        return sum(v for v, s in zip(values, stage_of, strict=True) if s == stage)
+
+    profiled = plan is not None and plan.costs == "profile"
+    rows = tuple(
+        StageRow(
+            stage=k,
+            layers=tuple(u.name for u, s in zip(units, stage_of, strict=True) if s == k),
+            param_bytes=int(total(sizes, k)), flops=total(flops, k),
+            seconds=total(costs, k) if profiled else None,
+        )
+        for k in range(stages)
+    )
+    return StageSummary(
+        placed=placed, rows=rows,
+        imbalance=partition_imbalance([total(costs, k) for k in range(stages)]),
+        shared=_shared_uses(units, stage_of),
     )

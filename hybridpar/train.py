@@ -22,6 +22,7 @@ from hybridpar.config import StrategyConfig
 from hybridpar.errors import ConfigError
 from hybridpar.hybrid import scope
 from hybridpar.parallel.timeline import PipelineTimeline
+from hybridpar.report import PlacementReport
 
 
 @dataclasses.dataclass
@@ -43,6 +44,7 @@ class TrainResult:
     seconds: float
     compression: str = "none"
     is_chief: bool = True
+    stage_lines: list[str] = dataclasses.field(default_factory=list)
 
     def summary(self) -> str:
         """A short human-readable report."""
@@ -66,6 +68,7 @@ class TrainResult:
             f"  TensorBoard logs  {self.log_dir}",
             f"  placement         {self.placement_png}",
         ]
+        lines += [f"  {line.strip()}" for line in self.stage_lines]
         return "\n".join(lines)
 
 
@@ -162,15 +165,19 @@ def _callbacks(config: StrategyConfig, run: _Run) -> list[keras.callbacks.Callba
             *timeline]
 
 
-def _save(run: _Run) -> tuple[Path, Path]:
-    """Saves the model and its placement (text and picture); returns their paths."""
+def _save(run: _Run) -> tuple[Path, Path, PlacementReport]:
+    """Saves the model and its placement (text and picture).
+
+    Returns:
+        The model's path, the placement picture's path, and the placement report.
+    """
     model_path = run.model_dir / "model.keras"
     run.model.save(model_path)
     placement = run.hybrid.describe(run.model)
     placement_png = run.model_dir / "placement.png"
     placement.save_png(placement_png)
     (run.model_dir / "placement.txt").write_text(f"{placement}\n")
-    return model_path, placement_png
+    return model_path, placement_png, placement
 
 
 def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) -> TrainResult:
@@ -203,7 +210,7 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
     )
     eval_metrics = ({} if run.eval_data is None
                     else run.model.evaluate(run.eval_data, return_dict=True, verbose=0))
-    model_path, placement_png = _save(run)
+    model_path, placement_png, placement = _save(run)
     rates = throughput.epoch_rates[1:] or throughput.epoch_rates
     hybrid = run.hybrid
     result = TrainResult(
@@ -222,6 +229,7 @@ def train(config: StrategyConfig, model_dir: str | Path, *, verbose: int = 1) ->
         seconds=time.perf_counter() - started,
         compression=_compression_summary(hybrid),
         is_chief=hybrid.is_chief,
+        stage_lines=placement.stages.lines() if placement.stages is not None else [],
     )
     (run.model_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(result), indent=2))
     return result

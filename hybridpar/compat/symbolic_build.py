@@ -13,7 +13,10 @@ dtypes, which the distributed dataset's ``element_spec`` already has; models
 under a strategy hybridpar built use it. The same spec shows a model input
 built with a fixed batch size that the replicas' batches do not have, which
 is refused there, before the first step, instead of failing in one
-replica's graph.
+replica's graph. It is also the last point before the symbolic build builds
+the optimizer, so a built model under ``model_parallel.placement: auto`` is
+cut into its stages here (``hybridpar.parallel.auto_placement``), its
+profile run on one microbatch of the replica batch the spec shows.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from keras.src.trainers.data_adapters import data_adapter_utils
 from hybridpar.compat.patching import Fix, Patch, register
 from hybridpar.data import balanced
 from hybridpar.errors import ConfigError
+from hybridpar.parallel import auto_placement
 from hybridpar.state import StrategyState, state_of
 
 
@@ -75,6 +79,14 @@ def check_fixed_batch(model: Any, specs: Any, state: StrategyState) -> None:
         )
 
 
+def _microbatch(specs: Any, state: StrategyState) -> int:
+    """Examples per microbatch of one replica by the spec (16 when it does not say)."""
+    x_spec = data_adapter_utils.unpack_x_y_sample_weight(specs)[0]
+    leading = [s.shape[0] for s in tf.nest.flatten(x_spec) if getattr(s, "shape", None)]
+    batch = leading[0] if leading and leading[0] is not None else 16 * state.microbatches
+    return max(1, batch // state.microbatches)
+
+
 def _owned_distributed(self, iterator=None, data_batch=None) -> bool:
     return (state_of(self._distribute_strategy) is not None
             and getattr(iterator, "_distributed_dataset", None) is not None)
@@ -90,6 +102,8 @@ def _from_specs(original: Any) -> Any:
         if isinstance(specs, balanced.ReplicaBatch):  # a balanced piece (even_batches)
             specs = specs.data
         check_fixed_batch(self, specs, state)
+        if all(layer.built for layer in self._flatten_layers()):
+            auto_placement.ensure_placed(self, state.placer, _microbatch(specs, state))
         with self.distribute_strategy.scope():
             self._symbolic_build(data_batch=specs)
 

@@ -65,6 +65,31 @@ def _type_error(path: str, value: Any, hint: Any) -> ConfigError:
     )
 
 
+def _coerce_union(value: Any, hint: Any, path: str) -> Any:
+    """``coerce`` for an optional or alternative type, such as ``int | None``."""
+    args = typing.get_args(hint)
+    if value is None and type(None) in args:
+        return None
+    inners = [a for a in args if a is not type(None)]
+    if len(inners) > 1:  # e.g. ``int | str``: the first alternative that fits
+        for inner in inners:
+            try:
+                return coerce(value, inner, path)
+            except ConfigError:
+                continue
+        raise _type_error(path, value, hint)
+    (inner,) = inners
+    containers = {tuple: (list, tuple), dict: Mapping}
+    expected = containers.get(typing.get_origin(inner))
+    if (
+        value is None
+        or (inner in (int, float, str, bool) and not _is_a(value, inner))
+        or (expected is not None and not isinstance(value, expected))
+    ):
+        raise _type_error(path, value, hint)
+    return coerce(value, inner, path)
+
+
 def coerce(value: Any, hint: Any, path: str) -> Any:
     """Checks ``value`` against the type ``hint`` and normalises it.
 
@@ -80,19 +105,7 @@ def coerce(value: Any, hint: Any, path: str) -> Any:
             return build_section(hint, value, path)
         raise _type_error(path, value, hint)
     if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        containers = {tuple: (list, tuple), dict: Mapping}
-        expected = containers.get(typing.get_origin(inner))
-        if (
-            value is None
-            or (inner in (int, float, str, bool) and not _is_a(value, inner))
-            or (expected is not None and not isinstance(value, expected))
-        ):
-            raise _type_error(path, value, hint)
-        return coerce(value, inner, path)
+        return _coerce_union(value, hint, path)
     if origin is Literal:
         allowed = typing.get_args(hint)
         if value not in allowed:

@@ -8,12 +8,10 @@ rules that span sections.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import ClassVar, Literal
 
 from hybridpar.config.devices import canonical_device
 from hybridpar.config.engine import Section, positive, require
-from hybridpar.errors import ConfigError
 
 Mode = Literal["auto", "none", "mirrored", "multi_worker", "parameter_server"]
 ShardPolicy = Literal["auto", "file", "data", "off"]
@@ -52,40 +50,6 @@ class DataParallelConfig(Section):
             f"Received: data_parallel.devices={list(self.devices)}.",
         )
         object.__setattr__(self, "devices", tuple(canonical))
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelParallelConfig(Section):
-    """Model-parallel stages inside each replica.
-
-    Attributes:
-        stages: devices per replica; replicas = devices / stages.
-        placement: regex (searched in the layer name) -> stage index.
-        microbatches: pipeline microbatches per replica batch.
-    """
-
-    PATH: ClassVar[str] = "model_parallel"
-    stages: int = 1
-    placement: dict[str, int] = dataclasses.field(default_factory=dict)
-    microbatches: int = 1
-
-    def validate(self) -> None:
-        positive("model_parallel.stages", self.stages)
-        positive("model_parallel.microbatches", self.microbatches)
-        for pattern, stage in self.placement.items():
-            try:
-                re.compile(pattern)
-            except re.error as err:
-                raise ConfigError(
-                    f"model_parallel.placement key is not a valid regular expression "
-                    f"({err}). Received: {pattern!r}."
-                ) from None
-            require(
-                0 <= stage < self.stages,
-                f"model_parallel.placement[{pattern!r}] names stage {stage}, but "
-                f"model_parallel.stages={self.stages} allows stages 0..{self.stages - 1}. "
-                "Raise model_parallel.stages or fix the index.",
-            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,13 +26,13 @@ from hybridpar.config.engine import (
     require,
     set_dotted,
 )
+from hybridpar.config.model_parallel import ModelParallelConfig
 from hybridpar.config.sections import (
     CheckpointConfig,
     CommunicationConfig,
     DataConfig,
     DataParallelConfig,
     EvaluatorConfig,
-    ModelParallelConfig,
     ParameterServerConfig,
     TrainConfig,
 )

@@ -21,6 +21,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 from keras.src.backend.common import global_state
+from tensorflow.python.distribute import numpy_dataset
 
 from hybridpar.topology.mesh import DeviceMesh
 from hybridpar.topology.placement import PathEntry, PlacementRules, path_entry
@@ -42,15 +43,22 @@ class StagePlacer:
         mirrored: True when the strategy mirrors variables (MirroredStrategy
             and MultiWorkerMirroredStrategy); False for OneDeviceStrategy.
         microbatches: pipeline microbatches per replica batch.
+        auto: ``static`` or ``profile`` when the automatic cut places the
+            layers no rule pins (``model_parallel.placement: auto``).
+        memory_limit: parameter bytes one device may hold, or ``None``.
     """
 
     def __init__(
-        self, mesh: DeviceMesh, rules: PlacementRules, mirrored: bool, microbatches: int = 1
+        self, mesh: DeviceMesh, rules: PlacementRules, mirrored: bool, microbatches: int = 1,
+        auto: str | None = None, memory_limit: int | None = None,
     ) -> None:
         self.mesh = mesh
         self.rules = rules
         self.mirrored = mirrored
         self.microbatches = microbatches
+        self.auto = auto
+        self.memory_limit = memory_limit
+        self.partition: Any = None  # the automatic cut, once decided (auto_placement)
 
     def stage_of(self, path: Sequence[PathEntry]) -> int:
         """The stage of the layer at the end of ``path`` (0 when nothing places it)."""
@@ -71,6 +79,21 @@ class StagePlacer:
             return None
         return self.mesh.device(int(replica) % self.mesh.replicas, stage)
 
+    def colocation(self, stage: int) -> Any:
+        """The ``colocate_with`` target that makes a variable of ``stage``'s devices.
+
+        MirroredStrategy mirrors a variable over the ``_devices`` of such an
+        object; a ``numpy_dataset.SingleDevice`` makes a plain variable there.
+        """
+        devices = self.mesh.stage_devices(stage)
+        return _OnDevices(devices) if self.mirrored else numpy_dataset.SingleDevice(devices[0])
+
+
+class _OnDevices:
+    """A ``colocate_with`` target: MirroredStrategy mirrors a variable over its ``_devices``."""
+
+    def __init__(self, devices: tuple[str, ...]) -> None:
+        self._devices = devices
 
 
 def layer_path(layer: Any = None) -> list[PathEntry]:

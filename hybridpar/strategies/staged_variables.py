@@ -16,16 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tensorflow.python.distribute import numpy_dataset
-
 from hybridpar.parallel.staging import StagePlacer, layer_path
-
-
-class _OnDevices:
-    """A ``colocate_with`` target: MirroredStrategy mirrors a variable over its ``_devices``."""
-
-    def __init__(self, devices: tuple[str, ...]) -> None:
-        self._devices = devices
 
 
 def placed(placer: StagePlacer, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -35,6 +26,4 @@ def placed(placer: StagePlacer, kwargs: dict[str, Any]) -> dict[str, Any]:
     stage = placer.stage_of(layer_path())
     if not stage:
         return kwargs
-    devices = placer.mesh.stage_devices(stage)
-    target = _OnDevices(devices) if placer.mirrored else numpy_dataset.SingleDevice(devices[0])
-    return {**kwargs, "colocate_with": target}
+    return {**kwargs, "colocate_with": placer.colocation(stage)}

@@ -81,6 +81,25 @@ class PlacementRules:
         self.stages = stages
         self.placement = dict(placement)
         self._compiled = [(pattern, re.compile(pattern)) for pattern in placement]
+        self.assigned: dict[tuple[str, ...], int] = {}
+
+    def assign(self, stages: Mapping[tuple[str, ...], int]) -> None:
+        """Records the automatic cut: path of layer names -> stage.
+
+        Raises:
+            ConfigError: for a stage index outside ``0..stages-1``.
+        """
+        for path, index in stages.items():
+            if not 0 <= index < self.stages:
+                raise ConfigError(
+                    f"Layer {'/'.join(path)!r} is cut onto stage {index}, but "
+                    f"model_parallel.stages={self.stages} allows 0..{self.stages - 1}."
+                )
+        self.assigned.update(stages)
+
+    def assigned_stage(self, path: Sequence[PathEntry]) -> int | None:
+        """The stage the automatic cut gives the layer at the end of ``path``, if any."""
+        return self.assigned.get(tuple(name for name, _ in path))
 
     def rule_for(self, name: str) -> str | None:
         """The rule (regex) that matches the layer ``name``, or ``None``.
@@ -126,10 +145,14 @@ class PlacementRules:
         """The stage of the layer at the end of ``path`` (outermost layer first).
 
         The outermost placed layer on the path decides; ``None`` when no layer
-        on it is placed (the caller then uses stage 0).
+        on it is placed (the caller then uses stage 0). Marks and rules come
+        before the automatic cut at each depth.
         """
-        for entry in path:
+        path = tuple(path)
+        for depth, entry in enumerate(path):
             index = self.own_stage(entry)
+            if index is None:
+                index = self.assigned_stage(path[: depth + 1])
             if index is not None:
                 return index
         return None

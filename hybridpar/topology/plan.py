@@ -187,6 +187,24 @@ def _check_multi_worker(cluster: ClusterInfo | None) -> None:
         )
 
 
+def _check_idle_devices(config: StrategyConfig, available: Sequence[str]) -> None:
+    """Raises RuntimeMismatchError when the stage count leaves local devices idle.
+
+    Only when the devices were not listed: a listed subset is the user's choice.
+    """
+    if config.data_parallel.devices is not None:
+        return
+    found = select_devices(config, available)
+    stages = config.model_parallel.stages
+    if len(found) % stages:
+        raise RuntimeMismatchError(
+            f"model_parallel.stages={stages} does not divide the {len(found)} local devices "
+            f"({', '.join(found)}): under mode 'mirrored' {len(found) % stages} of them would "
+            f"sit idle. Use a stage count that divides {len(found)}, or list the devices to "
+            "use in data_parallel.devices."
+        )
+
+
 def _check_mirrored(config: StrategyConfig, mesh: DeviceMesh) -> None:
     """Raises ConfigError when ``nccl`` is asked for replicas that are not all GPUs."""
     devices = mesh.stage_devices(0)
@@ -278,6 +296,8 @@ def make_plan(
         return _evaluator_plan(config, available, cluster)
     devices = _local_devices(config, available)
     mode = resolve_mode(config, cluster, len(devices) // config.model_parallel.stages)
+    if mode == "mirrored":
+        _check_idle_devices(config, available)
     mesh = DeviceMesh(_mode_devices(config, mode, devices, cluster), config.model_parallel.stages)
     if mode == "mirrored":
         _check_mirrored(config, mesh)

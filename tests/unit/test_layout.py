@@ -49,6 +49,7 @@ PURE_MODULES = [
     "hybridpar.state",
     "hybridpar.topology.cluster",
     "hybridpar.topology.mesh",
+    "hybridpar.topology.partition",
     "hybridpar.topology.placement",
     "hybridpar.topology.plan",
     "hybridpar.topology.ps_cluster",

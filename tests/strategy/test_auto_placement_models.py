@@ -1,0 +1,107 @@
+"""Models nobody here wrote, cut 2 ways by ``placement: auto``, train like one device.
+
+keras.applications ResNet50V2 and MobileNetV2 (weights=None, 32x32 inputs) and
+keras_hub BERT and GPT-2 backbones built from tiny configs (no downloads). Each
+trains without microbatches on 2 logical CPUs (``mode: none``, 2 stages) and on
+no strategy from the same weights; the weights must agree within 1e-5, as the
+pipeline equivalence tests ask. The transformers take two SGD steps, the
+convolutional networks one: at 32x32 their last batch norms normalise 4
+examples of 1x1 maps, so the first step's gradients are ~100 and a 6e-8
+difference after it (float summation order across two devices) grows to
+~5e-4 after the second, on one device as on two.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from model_checks import max_weight_difference, single_device_twin
+
+import hybridpar
+
+pytestmark = [pytest.mark.strategy, pytest.mark.slow]
+
+CONFIG = {"data_parallel": {"mode": "none"}, "model_parallel": {"stages": 2}}
+BATCH = 4
+
+
+def compile_kwargs() -> dict:
+    return {"optimizer": keras.optimizers.SGD(0.01),
+            "loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}
+
+
+def trains_like_one_device(build, x, y) -> hybridpar.HybridStrategy:
+    keras.utils.set_random_seed(5)
+    with hybridpar.scope(CONFIG) as hs:
+        model = build()
+        model.compile(**compile_kwargs())
+    twin = single_device_twin(build, model, compile_kwargs())
+    for each in (model, twin):
+        each.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    difference = max_weight_difference(twin.get_weights(), model.get_weights())
+    assert difference <= 1e-5, f"max abs weight difference {difference:.3g}"
+    stages = {row.stage for row in hs.describe(model).layers}
+    assert stages == {0, 1}
+    held = {tf.DeviceSpec.from_string(v.value.device).device_index for v in model.weights}
+    assert held == {0, 1}
+    return hs, model
+
+
+def images(classes: int = 10):
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((BATCH, 32, 32, 3)).astype("float32"),
+            rng.integers(0, classes, BATCH))
+
+
+@pytest.mark.parametrize("application", ["ResNet50V2", "MobileNetV2"])
+def test_keras_applications_cut_in_two_train_like_one_device(application):
+    options = {"alpha": 0.35} if application == "MobileNetV2" else {}
+
+    def build():
+        return getattr(keras.applications, application)(
+            weights=None, input_shape=(32, 32, 3), classes=10, classifier_activation=None,
+            **options)
+
+    trains_like_one_device(build, *images())
+
+
+def tokens(vocabulary: int = 50, length: int = 8):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, vocabulary, (2 * BATCH, length)).astype("int32")
+    return {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype=bool)}, ids
+
+
+def tiny(cls):
+    keras_hub = pytest.importorskip("keras_hub", reason="keras_hub is not installed in the venv")
+    return getattr(keras_hub.models, cls)(
+        vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=16,
+        max_sequence_length=8, dropout=0.0)
+
+
+def test_keras_hub_bert_cut_in_two_trains_like_one_device():
+    pytest.importorskip("keras_hub", reason="keras_hub is not installed in the venv")
+
+    def build():
+        backbone = tiny("BertBackbone")
+        head = keras.layers.Dense(3, name="classifier")(backbone.output["pooled_output"])
+        return keras.Model(backbone.input, head)
+
+    inputs, ids = tokens()
+    inputs["segment_ids"] = np.zeros_like(ids)
+    trains_like_one_device(build, inputs, ids[:, 0] % 3)
+
+
+def test_keras_hub_gpt2_tied_embedding_is_placed_once():
+    pytest.importorskip("keras_hub", reason="keras_hub is not installed in the venv")
+
+    def build():  # GPT2CausalLM's graph: the backbone, then its token embedding reversed
+        backbone = tiny("GPT2Backbone")
+        logits = backbone.token_embedding(backbone(backbone.input), reverse=True)
+        return keras.Model(backbone.input, logits)
+
+    inputs, ids = tokens()
+    hs, model = trains_like_one_device(build, inputs, np.roll(ids, -1, axis=1))
+    shared = hs.describe(model).stages.shared
+    assert len(shared) == 1 and "token_embedding placed once on stage 0" in shared[0]
+    assert "uses: gpt2_backbone/token_embedding on stage 0; token_embedding on stage 0, " \
+           "input from stage 1" in shared[0]
