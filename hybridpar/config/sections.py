@@ -45,8 +45,7 @@ class DataParallelConfig(Section):
         mode: ``auto`` picks from TF_CONFIG and the local devices.
         devices: local devices to use; ``None`` means every local accelerator,
             or every (logical) CPU when there is none.
-        shard_optimizer_state: ZeRO stage 1: each replica keeps the optimizer
-            slots of ``1/N`` of the weights (``hybridpar.parallel.zero``).
+        shard_optimizer_state: ZeRO stage 1, optimizer slots sharded over replicas.
     """
 
     PATH: ClassVar[str] = "data_parallel"
@@ -55,14 +54,11 @@ class DataParallelConfig(Section):
     shard_optimizer_state: bool = False
 
     def validate(self) -> None:
-        require(
-            not (self.shard_optimizer_state and self.mode == "parameter_server"),
-            "data_parallel.shard_optimizer_state=true shards optimizer state over the replicas "
-            "of modes 'mirrored' and 'multi_worker'; in parameter-server mode the ps tasks "
-            "already hold each variable's optimizer state once. Received: "
-            "data_parallel.mode='parameter_server'. Set data_parallel.shard_optimizer_state to "
-            "false, or use mode 'multi_worker'.",
-        )
+        require(not (self.shard_optimizer_state and self.mode == "parameter_server"),
+                "data_parallel.shard_optimizer_state=true needs mode 'mirrored' or "
+                "'multi_worker': the ps tasks of mode 'parameter_server' already hold each "
+                "variable's optimizer state once. Received: data_parallel.mode="
+                "'parameter_server'. Set shard_optimizer_state to false, or change mode.")
         if self.devices is None:
             return
         require(

@@ -194,7 +194,9 @@ class ShardedState:
                                      trainable=False, name=f"zero_shard_{b}_replica_{replica}")
                       for b, bucket in enumerate(self.plan.buckets)]
             inner.build(shards)
-        inner._iterations = optimizer._iterations  # the step count Adam's bias correction reads
+        # The step count Adam's bias correction reads; set past Keras's tracking, which would
+        # list the outer optimizer's (mirrored) counter among the replica optimizer's variables.
+        object.__setattr__(inner, "_iterations", optimizer._iterations)
         return _Replica(device, inner, shards)
 
     # ------------------------------------------------------------------ the update
