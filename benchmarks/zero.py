@@ -146,9 +146,10 @@ def run_mirrored(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     """One task of the 2-worker cluster in TF_CONFIG: bytes on the wire per step."""
-    import hybridpar  # joins the TF_CONFIG cluster before any op runs
     import keras
     import tensorflow as tf
+
+    import hybridpar  # joins the TF_CONFIG cluster before any op runs
 
     tf_config = json.loads(os.environ["TF_CONFIG"])
     ports = [int(a.rsplit(":", 1)[1]) for a in tf_config["cluster"]["worker"]]
