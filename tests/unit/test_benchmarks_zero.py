@@ -11,10 +11,10 @@ def test_pairs_alternate_which_variant_runs_first():
                                    ("sharded", "unsharded")]
 
 
-def test_the_step_time_ratio_is_the_median_of_each_pairs_own_ratio():
+def test_a_ratio_is_the_median_of_each_pairs_own_ratio():
     pairs = [{"sharded": 1.0, "unsharded": 2.0}, {"sharded": 3.0, "unsharded": 3.0},
              {"sharded": 9.0, "unsharded": 3.0}]
-    assert zero.step_time_ratio(pairs) == 1.0
+    assert zero.pair_ratio(pairs) == 1.0
 
 
 def test_the_memory_ratio_is_the_largest_over_devices():
@@ -27,3 +27,5 @@ def test_arguments_are_checked():
     assert zero.parse_args([]).pairs == 3
     with pytest.raises(SystemExit):
         zero.parse_args(["--steps", "1"])
+    with pytest.raises(SystemExit):
+        zero.parse_args(["--rounds", "0"])
