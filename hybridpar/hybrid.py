@@ -23,6 +23,7 @@ from hybridpar.compat import check_versions, holding
 from hybridpar.config import StrategyConfig
 from hybridpar.errors import ConfigError
 from hybridpar.parallel import compression as compression_lib
+from hybridpar.parallel import zero as zero_lib
 from hybridpar.parallel.staging import StagePlacer
 from hybridpar.state import StrategyState
 from hybridpar.strategies.build import build_strategy
@@ -179,7 +180,8 @@ def build(config: StrategyConfig | None = None) -> HybridStrategy:
 
     Raises:
         ConfigError: when the config does not fit the devices or cluster, or
-            asks for gradient compression in parameter-server mode.
+            asks for gradient compression or sharded optimizer state in
+            parameter-server mode.
     """
     config = config if config is not None else StrategyConfig()
     if tf.distribute.has_strategy():
@@ -191,12 +193,13 @@ def build(config: StrategyConfig | None = None) -> HybridStrategy:
     cluster = cluster_from_env()
     plan = make_plan(config, _local_device_names(cluster), cluster)
     compression = compression_lib.from_config(config, plan)
+    zero = zero_lib.from_config(config, plan)
     parallel = config.model_parallel
     rules = PlacementRules(parallel.rules, plan.mesh.stages)
     placer = StagePlacer(plan.mesh, rules, plan.mode != "none", parallel.microbatches,
                          auto=parallel.auto, memory_limit=parallel.device_memory_bytes)
     state = StrategyState(config=config, plan=plan, cluster=cluster, placer=placer,
-                          compression=compression)
+                          compression=compression, zero=zero)
     return HybridStrategy(state, build_strategy(state))
 
 

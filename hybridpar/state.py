@@ -61,6 +61,8 @@ class StrategyState:
         compression: ``communication.compression`` at work
             (``hybridpar.parallel.compression.GradientCompression``), or
             ``None`` when gradients are all-reduced exactly.
+        zero: ``data_parallel.shard_optimizer_state`` at work
+            (``hybridpar.parallel.zero.ZeroSharding``), or ``None``.
     """
 
     config: StrategyConfig
@@ -70,6 +72,7 @@ class StrategyState:
     runner: Any = None
     preemption: Any = None
     compression: Any = None
+    zero: Any = None
 
     @property
     def mode(self) -> str:

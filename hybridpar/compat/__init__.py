@@ -6,7 +6,8 @@ Keras/TensorFlow attributes (``symbolic_build``, ``replica_share``,
 ``gradient_all_reduce``, ``metric_reduction``, ``unbatched_input``,
 ``chief_files``, ``microbatch_step``, ``legacy_keras``,
 ``gradient_compression``, ``optional_outputs``, ``padded_steps``,
-``sync_batch_norm``, ``model_scope`` (models built outside the scope), the
+``sync_batch_norm``, ``sharded_optimizer`` (ZeRO stage 1), ``model_scope``
+(models built outside the scope), the
 stage hooks ``stage_marks``/``stage_calls``/``stage_gradients``/
 ``weight_gradient_split``, and the parameter-server fixes ``shard_views``,
 ``sharded_embedding``, ``sharded_numpy``, ``atomic_updates``, and
@@ -52,6 +53,7 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     shard_views,
     sharded_embedding,
     sharded_numpy,
+    sharded_optimizer,
     stage_calls,
     stage_gradients,
     stage_marks,

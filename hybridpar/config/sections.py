@@ -28,13 +28,20 @@ class DataParallelConfig(Section):
         mode: ``auto`` picks from TF_CONFIG and the local devices.
         devices: local devices to use; ``None`` means every local accelerator,
             or every (logical) CPU when there is none.
+        shard_optimizer_state: ZeRO stage 1, optimizer slots sharded over replicas.
     """
 
     PATH: ClassVar[str] = "data_parallel"
     mode: Mode = "auto"
     devices: tuple[str, ...] | None = None
+    shard_optimizer_state: bool = False
 
     def validate(self) -> None:
+        require(not (self.shard_optimizer_state and self.mode == "parameter_server"),
+                "data_parallel.shard_optimizer_state=true needs mode 'mirrored' or "
+                "'multi_worker': the ps tasks of mode 'parameter_server' already hold each "
+                "variable's optimizer state once. Received: data_parallel.mode="
+                "'parameter_server'. Set shard_optimizer_state to false, or change mode.")
         if self.devices is None:
             return
         require(

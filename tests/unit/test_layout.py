@@ -55,6 +55,7 @@ PURE_MODULES = [
     "hybridpar.topology.ps_cluster",
     "hybridpar.parallel.schedule",
     "hybridpar.parallel.compression_plan",
+    "hybridpar.parallel.zero_plan",
     "hybridpar.checkpoint.end_record",
     "hybridpar.checkpoint.files",
     "hybridpar.checkpoint.manifest",

@@ -2,8 +2,9 @@
 
 With --die_at STEP, task --die_task (on the first run only, HYBRIDPAR_RESTART=0) sends
 itself --die_signal (KILL or TERM) right after that optimizer step. The script writes
-its final weights, optimizer step, PowerSGD state (with --compression powersgd) and the
-checkpoint it resumed from to `<out>/<task>-run<restart>.json`. With --validate, fit validates
+its final weights, optimizer step, PowerSGD state (with --compression powersgd), the bytes
+of optimizer state on its devices (--shard shards it, ZeRO stage 1) and the checkpoint it
+resumed from to `<out>/<task>-run<restart>.json`. With --validate, fit validates
 on 96 held-out examples and the script evaluates on them after fit; on an evaluator task
 (`launch --evaluator`) the same fit evaluates the chief's checkpoints instead of training.
 """
@@ -60,6 +61,16 @@ def compression_state(model: keras.Model, hs: hybridpar.HybridStrategy) -> list:
     return [a.tolist() for a in powersgd.capture(hs.strategy)] if powersgd else []
 
 
+def optimizer_bytes(model: keras.Model, hs: hybridpar.HybridStrategy) -> dict:
+    """Bytes of optimizer state on each of this task's devices (sharded or not)."""
+    from hybridpar.parallel import zero
+
+    variables = list(model.optimizer.variables)
+    if hs.state.zero is not None:
+        variables += list(hs.state.zero.state_for(model.optimizer).replica_variables())
+    return zero.variable_bytes_by_device(variables)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -73,6 +84,7 @@ def main() -> None:
                         choices=["none", "fp16", "bf16", "powersgd"])
     parser.add_argument("--rank", type=int, default=2, help="PowerSGD's rank")
     parser.add_argument("--validate", action="store_true")
+    parser.add_argument("--shard", action="store_true", help="shard_optimizer_state: true")
     args = parser.parse_args()
     task = os.environ.get("HYBRIDPAR_TASK", "single")
     restart = int(os.environ.get("HYBRIDPAR_RESTART", "0"))
@@ -88,6 +100,8 @@ def main() -> None:
         "communication": {"timeout_seconds": 60, "compression": args.compression},
         "evaluator": {"poll_seconds": 0.2},
     }
+    if args.shard:
+        config["data_parallel"] = {"shard_optimizer_state": True}
     if args.compression == "powersgd":
         config["communication"]["powersgd"] = {"rank": args.rank, "min_elements": 0}
     with hybridpar.scope(config) as hs:
@@ -117,6 +131,7 @@ def main() -> None:
         "history": history.history,
         "weights": [w.tolist() for w in model.get_weights()],
         "compression_state": compression_state(model, hs),
+        "optimizer_bytes": optimizer_bytes(model, hs),
     }
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

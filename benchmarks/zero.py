@@ -1,0 +1,224 @@
+"""ZeRO stage 1 (``data_parallel.shard_optimizer_state``): optimizer memory, step time, wire bytes.
+
+The model is an MLP 256-1024-1024-10 (1.3 M weights, 5.3 MB of float32) trained
+with Adam under ``hybridpar.scope`` and the unmodified ``model.fit``, on
+synthetic data (global batch 64), sharded and unsharded:
+
+- ``optimizer_memory_ratio=``: optimizer bytes held per device (slots and
+  scalars, read from the variables' devices and sizes), sharded over
+  unsharded, the largest over the 4 mirrored replicas (target <= 1/4 + 0.05);
+- ``step_time_ratio=``: median step time sharded over unsharded on 4 logical
+  CPUs, in interleaved pairs (the order alternates), median over pairs
+  (target <= 1.10);
+- ``wire_bytes_ratio=``: TCP payload of the cluster's sockets per step (``ss``,
+  as ``benchmarks/compression.py``) on 2 real workers on localhost, sharded
+  over unsharded, median over ``--rounds`` pairs of clusters (target <= 1.05).
+  Every cluster's bytes per step are printed: the ``ss`` sampler has once read
+  21 B for a run whose rerun read 10.6 MB per step.
+
+    python benchmarks/zero.py [--pairs 3] [--steps 20] [--rounds 2] [--no_cluster]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from compression import Wire
+from multiworker import parse_task_output
+
+VARIANTS = ("sharded", "unsharded")
+SIZES = (256, 1024, 1024, 10)
+BATCH = 64
+REPLICAS = 4
+CLUSTER_TIMEOUT_S = 600
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=3, help="Interleaved pairs of runs.")
+    parser.add_argument("--steps", type=int, default=20, help="Timed steps per run.")
+    parser.add_argument("--rounds", type=int, default=2, help="Pairs of 2-worker clusters.")
+    parser.add_argument("--no_cluster", action="store_true", help="Skip the 2-worker part.")
+    parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.pairs < 1 or args.rounds < 1 or args.steps < 2:
+        parser.error("--pairs and --rounds must be >= 1, --steps >= 2")
+    return args
+
+
+def pair_orders(pairs: int) -> list[tuple[str, str]]:
+    """Run order per pair: ``sharded`` first in even pairs, ``unsharded`` first in odd ones."""
+    return [VARIANTS if i % 2 == 0 else VARIANTS[::-1] for i in range(pairs)]
+
+
+def pair_ratio(pairs: Sequence[dict[str, float]]) -> float:
+    """Median over pairs of the sharded figure over the same pair's unsharded one."""
+    return statistics.median(p["sharded"] / p["unsharded"] for p in pairs)
+
+
+def memory_ratio(sharded: dict[str, int], unsharded: dict[str, int]) -> float:
+    """The largest per-device ratio of optimizer bytes, sharded over unsharded.
+
+    Raises:
+        ValueError: when the two runs held state on different devices.
+    """
+    if sorted(sharded) != sorted(unsharded):
+        raise ValueError(f"devices differ: {sorted(sharded)} against {sorted(unsharded)}")
+    return max(sharded[d] / unsharded[d] for d in unsharded)
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _data(tf: Any, steps: int) -> Any:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(BATCH * 8, SIZES[0])).astype("float32")
+    y = rng.integers(0, SIZES[-1], BATCH * 8)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat().take(steps)
+
+
+def _model(hybridpar: Any, keras: Any, config: dict) -> tuple[Any, Any]:
+    keras.utils.set_random_seed(1)
+    with hybridpar.scope(config) as hs:
+        model = keras.Sequential(
+            [keras.Input((SIZES[0],))]
+            + [keras.layers.Dense(units, activation="relu") for units in SIZES[1:-1]]
+            + [keras.layers.Dense(SIZES[-1])])
+        model.compile(keras.optimizers.Adam(1e-3),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, hs
+
+
+def optimizer_bytes(model: Any, hs: Any) -> dict[str, int]:
+    from hybridpar.parallel import zero
+
+    variables = list(model.optimizer.variables)
+    if hs.state.zero is not None:
+        variables += list(hs.state.zero.state_for(model.optimizer).replica_variables())
+    return zero.variable_bytes_by_device(variables)
+
+
+def _timed_fit(keras: Any, model: Any, data: Any) -> float:
+    times: list[float] = []
+
+    class Timer(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            self._start = time.perf_counter()
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            times.append(time.perf_counter() - self._start)
+
+    model.fit(data, epochs=1, verbose=0, callbacks=[Timer()])
+    return statistics.median(times[1:])
+
+
+def run_mirrored(args: argparse.Namespace) -> dict[str, Any]:
+    """Memory and interleaved step times on ``REPLICAS`` logical CPUs, in this process."""
+    import hybridpar
+
+    hybridpar.testing.use_logical_cpus(REPLICAS)
+    import keras
+    import tensorflow as tf
+
+    devices = [f"/cpu:{i}" for i in range(REPLICAS)]
+    built = {v: _model(hybridpar, keras, {
+        "data_parallel": {"mode": "mirrored", "devices": devices,
+                          "shard_optimizer_state": v == "sharded"},
+        "data": {"global_batch_size": BATCH}}) for v in VARIANTS}
+    for model, _ in built.values():
+        model.fit(_data(tf, 3), epochs=1, verbose=0)  # trace and build before timing
+    memory = {v: optimizer_bytes(*built[v]) for v in VARIANTS}
+    pairs = []
+    for order in pair_orders(args.pairs):
+        pairs.append({v: _timed_fit(keras, built[v][0], _data(tf, args.steps)) for v in order})
+    return {"memory": memory, "pairs": pairs,
+            "weights": sum(int(v.shape.num_elements()) for v in built["sharded"][0].weights)}
+
+
+def run_worker(args: argparse.Namespace) -> dict[str, Any]:
+    """One task of the 2-worker cluster in TF_CONFIG: bytes on the wire per step."""
+    import keras
+    import tensorflow as tf
+
+    import hybridpar  # joins the TF_CONFIG cluster before any op runs
+
+    tf_config = json.loads(os.environ["TF_CONFIG"])
+    ports = [int(a.rsplit(":", 1)[1]) for a in tf_config["cluster"]["worker"]]
+    wire = Wire("ss", ports, tf_config["task"]["index"])
+    model, hs = _model(hybridpar, keras, {
+        "data_parallel": {"mode": "multi_worker",
+                          "shard_optimizer_state": args.child == "sharded"},
+        "data": {"global_batch_size": BATCH, "shard_policy": "data"},
+        "communication": {"timeout_seconds": 300}})
+    model.fit(_data(tf, 3), epochs=1, verbose=0)
+    wire.begin()
+    step = _timed_fit(keras, model, _data(tf, args.steps))
+    wire.end()
+    return {"variant": args.child, "wire_bytes": wire.total, "steps": args.steps,
+            "median_step_s": step, "optimizer_bytes": optimizer_bytes(model, hs)}
+
+
+def run_cluster(variant: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    import io
+
+    from hybridpar.launch import launch
+
+    command = [sys.executable, os.path.abspath(__file__), f"--child={variant}",
+               f"--steps={args.steps}"]
+    out, err = io.StringIO(), io.StringIO()
+    code = launch(command, 2, timeout=CLUSTER_TIMEOUT_S,
+                  env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, stdout=out, stderr=err,
+                  console="all")
+    if code != 0:
+        raise RuntimeError(f"cluster {variant} exited with {code}:\n{err.getvalue()[-4000:]}")
+    return [parse_task_output(out.getvalue(), f"worker:{i}") for i in range(2)]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.child:
+        print(json.dumps(run_worker(args)), flush=True)
+        return
+    wire: list[dict[str, float]] = []
+    # the clusters first, before this process starts TensorFlow's threads
+    for order in [] if args.no_cluster else pair_orders(args.rounds):
+        wire.append({})
+        for variant in order:
+            records = run_cluster(variant, args)
+            wire[-1][variant] = sum(r["wire_bytes"] for r in records) / args.steps
+            print(f"{variant}: 2 workers, {wire[-1][variant]:,.0f} B on the wire per step, "
+                  f"median step {records[0]['median_step_s'] * 1e3:.1f} ms, optimizer bytes "
+                  f"{records[0]['optimizer_bytes']}", flush=True)
+    result = run_mirrored(args)
+    import keras
+    import tensorflow as tf
+
+    print(f"TensorFlow {tf.__version__}, Keras {keras.__version__}; MLP "
+          f"{'-'.join(map(str, SIZES))} ({result['weights']:,} weights), Adam, global batch "
+          f"{BATCH}; {REPLICAS} mirrored logical CPUs, {args.pairs} pair(s) of "
+          f"{args.steps} timed steps")
+    for variant in VARIANTS:
+        print(f"{variant}: optimizer bytes per device {result['memory'][variant]}")
+    for i, pair in enumerate(result["pairs"]):
+        print(f"pair {i}: " + ", ".join(f"{v} {pair[v] * 1e3:.1f} ms" for v in pair))
+    print(f"optimizer_memory_ratio="
+          f"{memory_ratio(result['memory']['sharded'], result['memory']['unsharded']):.4f}")
+    print(f"step_time_ratio={pair_ratio(result['pairs']):.4f}")
+    if wire:
+        print(f"wire_bytes_ratio={pair_ratio(wire):.4f}")
+
+
+if __name__ == "__main__":
+    main()

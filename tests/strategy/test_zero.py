@@ -1,0 +1,150 @@
+"""ZeRO stage 1 (data_parallel.shard_optimizer_state) on MirroredStrategy over 4 logical CPUs.
+
+Sharded training under the unmodified model.fit against unsharded and single-device
+training on the same data and seed, the optimizer-slot bytes each device holds (read
+from the variables' devices and sizes), and the refusals.
+"""
+
+import logging
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from model_checks import copy_spread, max_weight_difference  # beside this file's folder
+
+import hybridpar
+from hybridpar.parallel import zero
+
+pytestmark = pytest.mark.strategy
+
+BATCH = 32
+DEVICES = [f"/cpu:{i}" for i in range(4)]
+
+
+def config(shard: bool, mode: str = "mirrored", **data_parallel) -> dict:
+    if mode == "none":
+        return {"data_parallel": {"mode": "none"}}
+    return {"data_parallel": {"mode": mode, "devices": DEVICES, "shard_optimizer_state": shard,
+                              **data_parallel},
+            "data": {"global_batch_size": BATCH}}
+
+
+def dataset(examples: int = 200) -> tf.data.Dataset:
+    """200 examples: 6 full batches and a partial one of 8 (2 per replica)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(examples, 16)).astype("float32")
+    y = rng.integers(0, 4, examples)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+
+
+def mlp() -> keras.Model:
+    """697 weights (16*33 + 33 + 33*4 + 4): one bucket of 175, 174, 174, 174 per replica."""
+    return keras.Sequential([keras.Input((16,)), keras.layers.Dense(33, activation="relu"),
+                             keras.layers.Dense(4)])
+
+
+OPTIMIZERS = {
+    "sgd_momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+    "adam": lambda: keras.optimizers.Adam(0.01),
+    "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05),
+    "rmsprop": lambda: keras.optimizers.RMSprop(0.01, centered=True),
+    "adagrad": lambda: keras.optimizers.Adagrad(0.1),
+    "lion": lambda: keras.optimizers.Lion(0.001),
+}
+
+
+def train(run_config: dict, optimizer: str, epochs: int = 2):
+    keras.utils.set_random_seed(1)
+    with hybridpar.scope(run_config) as hs:
+        model = mlp()
+        model.compile(OPTIMIZERS[optimizer](),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(dataset(), epochs=epochs, verbose=0)
+    return model, hs
+
+
+def optimizer_bytes(model: keras.Model, hs) -> dict[str, int]:
+    variables = list(model.optimizer.variables)
+    if hs.state.zero is not None:
+        variables += list(hs.state.zero.state_for(model.optimizer).replica_variables())
+    return zero.variable_bytes_by_device(variables)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd_momentum", "adam", "adamw"])
+def test_sharded_training_equals_unsharded_and_single_device_training(optimizer):
+    sharded, hs = train(config(True), optimizer)
+    unsharded, _ = train(config(False), optimizer)
+    single, _ = train(config(False, "none"), optimizer)
+    assert hs.state.zero is not None and hs.num_replicas == 4
+    assert max_weight_difference(sharded.get_weights(), unsharded.get_weights()) <= 1e-5
+    assert max_weight_difference(sharded.get_weights(), single.get_weights()) <= 1e-5
+    assert copy_spread(sharded) == 0.0
+    assert int(sharded.optimizer.iterations.numpy()) == 14
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["rmsprop", "adagrad", "lion"])
+def test_other_element_wise_optimizers_train_to_the_unsharded_weights(optimizer):
+    sharded, _ = train(config(True), optimizer, epochs=1)
+    unsharded, _ = train(config(False), optimizer, epochs=1)
+    assert max_weight_difference(sharded.get_weights(), unsharded.get_weights()) <= 1e-5
+
+
+def test_each_device_holds_a_quarter_of_adams_slots():
+    """Adam keeps two slots per weight: 2 x 697 x 4 B = 5,576 B on every device unsharded;
+    sharded, each replica holds two slots of its padded shard, 2 x 175 x 4 B (the shards
+    carry 175, 174, 174 and 174 real elements). Scalars (a step count and a learning rate,
+    12 B per optimizer: the outer one's mirrored, each replica optimizer's own) come on top."""
+    sharded, hs = train(config(True), "adam", epochs=1)
+    unsharded, hu = train(config(False), "adam", epochs=1)
+    full, shard = optimizer_bytes(unsharded, hu), optimizer_bytes(sharded, hs)
+    assert sorted(full) == sorted(shard) and len(full) == 4
+    assert set(full.values()) == {5576 + 12}
+    assert set(shard.values()) == {2 * 175 * 4 + 12 + 12}
+    slots = [v for v in sharded.optimizer.variables if v.shape.rank]
+    assert slots == []  # the outer optimizer made no slot
+    assert all(v is None for v in sharded.optimizer._momentums)
+
+
+def test_one_replica_warns_and_trains_unsharded(caplog):
+    one = {"data_parallel": {"mode": "mirrored", "devices": ["/cpu:0"],
+                             "shard_optimizer_state": True}}
+    with caplog.at_level(logging.WARNING, logger="hybridpar"), hybridpar.scope(one) as hs:
+        pass
+    assert hs.state.zero is None
+    assert "shard_optimizer_state=true has no effect with 1 replica" in caplog.text
+
+
+def test_parameter_server_mode_is_refused():
+    with pytest.raises(hybridpar.ConfigError, match=r"shard_optimizer_state=true needs mode "
+                       r"'mirrored' or 'multi_worker': the ps tasks .* already hold"):
+        hybridpar.StrategyConfig.from_dict(
+            {"data_parallel": {"mode": "parameter_server", "shard_optimizer_state": True}})
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: keras.optimizers.Lamb(), r"Lamb cannot be sharded: its trust ratio divides "
+                                      r"whole-tensor norms\. Received: optimizer=Lamb"),
+    (lambda: keras.optimizers.Adam(use_ema=True), r"Adam\(use_ema=True\)"),
+    (lambda: keras.optimizers.SGD(gradient_accumulation_steps=2),
+     r"gradient_accumulation_steps=2"),
+])
+def test_an_optimizer_it_cannot_shard_is_refused_before_training(make, match):
+    with hybridpar.scope(config(True)):
+        model = mlp()
+        model.compile(make(), "mse")
+    with pytest.raises(hybridpar.ConfigError, match=match):
+        model.fit(dataset(), epochs=1, verbose=0)
+
+
+def test_an_unsharded_strategy_and_plain_keras_keep_their_slots():
+    """Without the option, and outside hybridpar, Adam keeps a MirroredVariable slot per
+    weight on every device (the upstream behaviour sharding changes)."""
+    strategy = tf.distribute.MirroredStrategy(DEVICES)
+    with strategy.scope():
+        model = mlp()
+        model.compile(keras.optimizers.Adam(), "mse")
+        model.optimizer.build(model.trainable_variables)
+    held = zero.variable_bytes_by_device(model.optimizer.variables)
+    assert set(held.values()) == {5576 + 12}
