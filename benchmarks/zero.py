@@ -217,7 +217,25 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"{memory_ratio(result['memory']['sharded'], result['memory']['unsharded']):.4f}")
     print(f"step_time_ratio={pair_ratio(result['pairs']):.4f}")
     if wire:
-        print(f"wire_bytes_ratio={pair_ratio(wire):.4f}")
+        report_wire(wire, result["weights"])
+
+
+def report_wire(rounds: list[dict[str, float]], weights: int) -> None:
+    """Prints ``wire_bytes_ratio=`` over the rounds whose samples are plausible.
+
+    A step's all-reduce of float32 gradients over 2 workers moves at least half
+    their bytes; a round where ``ss`` read less for either cluster (it has read
+    7 B for a run whose rerun read 10.6 MB) measured nothing and is dropped.
+    """
+    floor = 4 * weights / 2
+    valid = [r for r in rounds if min(r.values()) >= floor]
+    for dropped in (r for r in rounds if min(r.values()) < floor):
+        print(f"round dropped: the sampler read {min(dropped.values()):,.0f} B per step, "
+              f"under the gradients' {floor:,.0f} B floor", flush=True)
+    if valid:
+        print(f"wire_bytes_ratio={pair_ratio(valid):.4f}")
+    else:
+        print("wire_bytes_ratio: no round with plausible samples; rerun with more --rounds")
 
 
 if __name__ == "__main__":

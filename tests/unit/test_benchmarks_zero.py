@@ -29,3 +29,17 @@ def test_arguments_are_checked():
         zero.parse_args(["--steps", "1"])
     with pytest.raises(SystemExit):
         zero.parse_args(["--rounds", "0"])
+
+
+def test_a_wire_round_the_sampler_misread_is_dropped(capsys):
+    weights = 1_000  # float32 gradients: a floor of 2,000 B per step
+    zero.report_wire([{"sharded": 7.0, "unsharded": 4_400.0},
+                      {"sharded": 4_410.0, "unsharded": 4_400.0}], weights)
+    out = capsys.readouterr().out
+    assert "round dropped: the sampler read 7 B per step" in out
+    assert out.strip().endswith(f"wire_bytes_ratio={4_410 / 4_400:.4f}")
+
+
+def test_no_plausible_wire_round_prints_no_ratio(capsys):
+    zero.report_wire([{"sharded": 7.0, "unsharded": 21.0}], 1_000)
+    assert "wire_bytes_ratio=" not in capsys.readouterr().out
