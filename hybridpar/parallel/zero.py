@@ -90,6 +90,12 @@ def from_config(config: StrategyConfig, strategy_plan: Plan) -> ZeroSharding | N
             f"communication.compression={config.communication.compression!r}. Set one of "
             "them off (compression 'none', or shard_optimizer_state false)."
         )
+    if config.checkpoint.dir is not None:
+        logger.warning("hybridpar: checkpoints in %s do not hold the optimizer state that %s "
+                       "shards yet: a resumed run restarts the optimizer's slots (Adam's "
+                       "moments) from zero. Set data_parallel.shard_optimizer_state to false "
+                       "where resuming must continue the optimizer exactly.",
+                       config.checkpoint.dir, head)
     return ZeroSharding(strategy_plan.mode)
 
 
