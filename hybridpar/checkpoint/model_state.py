@@ -192,7 +192,7 @@ def assign_group(model: Any, group: str, values: Reader) -> None:
     """Assigns one group (``model``, ``optimizer``, ``metrics``) of a checked checkpoint."""
     for index, logical in enumerate(logicals(model, group)):
         for part in logical.parts:
-            part.variable.assign(values.read(key(group, index), logical, part))
+            tensor_io.assign(part, values.read(key(group, index), logical, part))
 
 
 def write(directory: str | os.PathLike, pieces: list[tensor_io.Piece], manifest: dict[str, Any],

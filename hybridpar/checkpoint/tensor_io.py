@@ -11,12 +11,14 @@ bundles' indexes on this task (``MergeV2Checkpoints``), as
 saved as row slices of one logical tensor. ``BundleReader`` restores each
 part with a ``RestoreV2`` placed on the part's device, asking for exactly its
 rows (the slices are re-cut on read), so a parameter server reads its rows
-itself and the chief never holds a table.
+itself and the chief never holds a table. A ZeRO shard's part of a slot
+(``layout.FlatPart``) is saved and read as the boxes of its element range.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -28,8 +30,8 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 from tensorflow.python.ops import gen_io_ops
 
-from hybridpar.checkpoint import storage
-from hybridpar.checkpoint.layout import Logical, Part
+from hybridpar.checkpoint import flat_slices, storage
+from hybridpar.checkpoint.layout import FlatPart, Logical, Part
 from hybridpar.checkpoint.manifest import INDEX_FILE, STATE_PREFIX, data_file, key, slice_spec
 from hybridpar.errors import CheckpointDamagedError, ConfigError
 
@@ -83,10 +85,39 @@ def snapshot(groups: dict[str, list[Logical]]) -> list[Piece]:
     for group, logicals in groups.items():
         for index, logical in enumerate(logicals):
             for part in logical.parts:
-                pieces.append(Piece(key(group, index),
-                                    slice_spec(logical.shape, part.offset, part.rows),
-                                    read(part.variable)))
+                if isinstance(part, FlatPart):
+                    pieces += _flat_pieces(key(group, index), logical, part)
+                else:
+                    pieces.append(Piece(key(group, index),
+                                        slice_spec(logical.shape, part.offset, part.rows),
+                                        read(part.variable)))
     return pieces
+
+
+def _flat_pieces(name: str, logical: Logical, part: FlatPart) -> list[Piece]:
+    """A flat part as the boxes of the logical tensor it covers (``flat_slices``)."""
+    found = flat_slices.boxes(logical.shape, part.start, part.length)
+    with tf.device(device_of(part.variable)):
+        value = read(part.variable)[part.source:part.source + part.length]
+        if found is None:
+            return [Piece(name, "", tf.reshape(value, logical.shape))]
+        pieces, offset = [], 0
+        for box in found:
+            size = math.prod(box[1])
+            pieces.append(Piece(name, flat_slices.spec(logical.shape, box),
+                                tf.reshape(value[offset:offset + size], box[1])))
+            offset += size
+        return pieces
+
+
+def assign(part: Part | FlatPart, value: Any) -> None:
+    """Writes a part's value (as ``BundleReader.read`` returns it) into its variable."""
+    if not isinstance(part, FlatPart):
+        part.variable.assign(value)
+        return
+    inner = part.variable._value if isinstance(part.variable, keras.Variable) else part.variable
+    with tf.device(inner.device):
+        inner[part.source:part.source + part.length].assign(tf.cast(value, inner.dtype))
 
 
 def arrays_as_pieces(arrays: dict[str, np.ndarray]) -> list[Piece]:
@@ -156,10 +187,12 @@ class BundleReader:
             CheckpointDamagedError: when a file fails TensorFlow's CRC32C or is unreadable.
             ConfigError: when that task cannot see the checkpoint's files.
         """
-        spec = slice_spec(logical.shape, part.offset, part.rows)
         host = host_of(device_of(part.variable))
         try:
             with tf.device(f"{host}/device:CPU:0"):
+                if isinstance(part, FlatPart):
+                    return self._flat(name, logical, part)
+                spec = slice_spec(logical.shape, part.offset, part.rows)
                 return gen_io_ops.restore_v2(self.prefix, [name], [spec],
                                              [tf.as_dtype(logical.dtype)])[0]
         except tf.errors.NotFoundError as err:
@@ -175,6 +208,16 @@ class BundleReader:
                 f"{os.fspath(self.path)}: {name} cannot be read "
                 f"({err.message.splitlines()[0]})") from None
 
+    def _flat(self, name: str, logical: Logical, part: FlatPart) -> Any:
+        """A flat part's elements: its boxes read (re-cut from the stored slices), joined."""
+        found = flat_slices.boxes(logical.shape, part.start, part.length)
+        specs = [""] if found is None else [flat_slices.spec(logical.shape, b) for b in found]
+        if not specs:
+            return tf.zeros([0], logical.dtype)
+        values = gen_io_ops.restore_v2(self.prefix, [name] * len(specs), specs,
+                                       [tf.as_dtype(logical.dtype)] * len(specs))
+        return tf.concat([tf.reshape(v, [-1]) for v in values], 0)
+
     def array(self, name: str, dtype: str) -> np.ndarray:
         """One whole tensor as a host array (small state: PowerSGD's, an evaluator's weights)."""
         with tf.device(f"{local_host()}/device:CPU:0"):
@@ -189,6 +232,8 @@ class ArrayReader:
 
     def read(self, name: str, logical: Logical, part: Part) -> Any:
         value = self.arrays[name]
+        if isinstance(part, FlatPart):
+            return np.reshape(value, [-1])[part.start:part.start + part.length]
         return value if part.offset is None else value[part.offset:part.offset + part.rows]
 
     def array(self, name: str, dtype: str) -> np.ndarray:
