@@ -27,3 +27,6 @@ def test_two_sharded_workers_train_to_the_single_process_weights(tmp_path, refer
     output = run.stdout + run.stderr
     assert output.count("optimizer state sharded over 2 replicas: 4 variable(s), 482 "
                         "elements in 1 bucket(s); 241 to 241 elements per replica") == 2
+    # each worker holds only its replicas' shards and only the chief writes: not saved yet
+    assert output.count("do not hold the optimizer state that data_parallel."
+                        "shard_optimizer_state=true shards over 2 workers yet") == 2

@@ -126,3 +126,16 @@ def test_a_damaged_sharded_checkpoint_falls_back_to_the_previous(tmp_path):
     assert callback.restored.step == 13
     assert max_diff(resumed.get_weights(), reference.get_weights()) <= 1e-5
     assert max_diff(slots(resumed, hs), slots(reference, hr)) <= 1e-5
+
+
+def test_export_gives_plain_keras_the_full_unsharded_optimizer_state(tmp_path):
+    trained, hs, _ = train(tmp_path / "ckpt", epochs=1)
+    exporter, _ = built(1, False)
+    hybridpar.checkpoint.export_weights(tmp_path / "ckpt", exporter, tmp_path / "m.weights.h5")
+    plain = build()  # plain Keras: no hybridpar scope
+    plain.optimizer.build(plain.trainable_variables)
+    plain.load_weights(tmp_path / "m.weights.h5")
+    assert int(plain.optimizer.iterations.numpy()) == 13
+    assert max_diff(plain.get_weights(), trained.get_weights()) == 0.0
+    assert max_diff([v.numpy() for v in plain.optimizer.variables if v.shape.rank],
+                    slots(trained, hs)) == 0.0
