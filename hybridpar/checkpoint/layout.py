@@ -133,12 +133,12 @@ def _sharded_slots(model: Any) -> list[Logical]:
     Each is stored under the unsharded slot's place and shape, made of flat parts (one per
     local replica holding elements of it), so the checkpoint restores onto any replica
     count, sharded or not, and an unsharded one restores onto a sharded run. Sharded over
-    several workers, each holds only its replicas' shards: none are stored yet.
+    several workers, each worker's parts are its own replicas' (``zero_shards``).
     """
     state = state_of(getattr(model, "_distribute_strategy", None))
     sharding = getattr(state, "zero", None)
     found = sharding.state_for(model.optimizer) if sharding is not None else None
-    if found is None or not found.all_local:  # over workers: not yet (zero.from_config warns)
+    if found is None:
         return []
     return [Logical(slot.path, slot.shape, slot.dtype,
                     [FlatPart(variable, piece.shard_offset, piece.start, piece.length)

@@ -126,13 +126,15 @@ def arrays_as_pieces(arrays: dict[str, np.ndarray]) -> list[Piece]:
         return [Piece(name, "", tf.constant(value)) for name, value in arrays.items()]
 
 
-def write(partial: str | os.PathLike, pieces: Sequence[Piece],
-          hash_remote: Hasher) -> dict[str, dict[str, Any]]:
+def write(partial: str | os.PathLike, pieces: Sequence[Piece], hash_remote: Hasher,
+          written: Sequence[tuple[str, str]] = ()) -> dict[str, dict[str, Any]]:
     """Writes ``pieces`` into ``partial`` as one bundle, each task its own data file.
 
     Args:
         partial: the checkpoint's partial directory (it exists).
         hash_remote: asks another task for the size and SHA-256 of files it wrote.
+        written: ``(task, bundle prefix)`` of bundles other workers wrote themselves
+            (``zero_shards``), merged in and hashed here (the directory is shared).
 
     Returns:
         ``{file name: {"bytes", "sha256", "task"}}`` of every file written.
@@ -149,14 +151,20 @@ def write(partial: str | os.PathLike, pieces: Sequence[Piece],
             gen_io_ops.save_v2(prefix, [p.key for p in group], [p.spec for p in group],
                                [p.value for p in group])
     me = local_host()
+    total = len(hosts) + len(written)
     with tf.device(f"{me}/device:CPU:0"):
-        gen_io_ops.merge_v2_checkpoints(prefixes, os.fspath(storage.join(partial, STATE_PREFIX)),
+        gen_io_ops.merge_v2_checkpoints(prefixes + [prefix for _, prefix in written],
+                                        os.fspath(storage.join(partial, STATE_PREFIX)),
                                         delete_old_dirs=True)
     storage.rmtree(parts_dir)
     entries = {INDEX_FILE: _hash_here(partial, INDEX_FILE, me)}
+    for shard, (task, prefix) in enumerate(written, start=len(hosts)):
+        name = data_file(shard, total)
+        entries[name] = {**_hash_here(partial, name, me), "task": task}
+        storage.rmtree(os.path.dirname(prefix))
     remote: dict[str, list[str]] = {}
     for shard, host in enumerate(hosts):
-        name = data_file(shard, len(hosts))
+        name = data_file(shard, total)
         if host == me:
             entries[name] = _hash_here(partial, name, me)
         else:

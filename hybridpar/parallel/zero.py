@@ -90,14 +90,6 @@ def from_config(config: StrategyConfig, strategy_plan: Plan) -> ZeroSharding | N
             f"communication.compression={config.communication.compression!r}. Set one of "
             "them off (compression 'none', or shard_optimizer_state false)."
         )
-    if config.checkpoint.dir is not None and strategy_plan.num_workers > 1:
-        logger.warning("hybridpar: checkpoints in %s do not hold the optimizer state that %s "
-                       "shards over %d workers yet (each worker holds only its replicas' "
-                       "shards and only the chief writes): a resumed run restarts the "
-                       "optimizer's slots (Adam's moments) from zero. Set "
-                       "data_parallel.shard_optimizer_state to false where resuming must "
-                       "continue the optimizer exactly; with one worker they are saved.",
-                       config.checkpoint.dir, head, strategy_plan.num_workers)
     return ZeroSharding(strategy_plan.mode)
 
 
@@ -222,6 +214,8 @@ class ShardedState:
             devices) else 0
         self.local = [self._replica(optimizer, device, first + i)
                       for i, device in enumerate(devices)]
+        self.workers = self.replicas // len(devices)  # each holding its replicas' shards
+        self.worker = first // len(devices)
 
     def _replica(self, optimizer: Any, device: str, replica: int) -> _Replica:
         with _plain_variables_on(device):
@@ -240,11 +234,6 @@ class ShardedState:
         """Records the slot ``name`` of ``reference`` (``ZeroSharding.note_slot``)."""
         self.slots.append((self._index[id(reference)], name))
         self.slot_paths.append(f"{optimizer.name}/{reference.path.replace('/', '_')}_{name}")
-
-    @property
-    def all_local(self) -> bool:
-        """Whether this task holds every shard (one worker): only then are slots checkpointed."""
-        return len(self.local) == self.replicas
 
     def checkpoint_slots(self) -> list[SlotShards]:
         """Every slot an unsharded optimizer would have, in its order, with this task's parts."""
