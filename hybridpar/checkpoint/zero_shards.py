@@ -64,7 +64,8 @@ def collect(step: int, workers: int) -> list[tuple[str, str]]:
     ``step``.
 
     Raises:
-        CheckpointWriteError: when a worker's bundle does not come within ``WAIT_SECONDS``.
+        CheckpointWriteError: when a worker's bundle does not come within ``WAIT_SECONDS``,
+            or this task cannot see it (``checkpoint.dir`` not shared).
     """
     ctx, prefixes = context.context(), []
     for worker in range(1, workers):
@@ -76,5 +77,11 @@ def collect(step: int, workers: int) -> list[tuple[str, str]]:
                 f"worker {worker} did not write its optimizer shards for "
                 f"{checkpoint_name(step)} within {WAIT_SECONDS} s ({err}).") from err
         ctx.delete_config_key_value(_key(step, worker))
+        if not storage.exists(f"{told['prefix']}.index"):
+            raise CheckpointWriteError(
+                f"{told['task']} wrote its optimizer shards for {checkpoint_name(step)} to "
+                f"{told['prefix']}, which this task cannot see. With "
+                "data_parallel.shard_optimizer_state over several workers each worker writes "
+                "its own shards: checkpoint.dir must be a directory every worker shares.")
         prefixes.append((told["task"], told["prefix"]))
     return prefixes

@@ -54,3 +54,4 @@ def test_a_killed_sharded_worker_resumes_with_every_workers_optimizer_shards(
         "state.data-00000-of-00002": "worker:0", "state.data-00001-of-00002": "worker:1"}
     slots = tf.train.load_checkpoint(str(latest / "state"))
     assert slots.get_tensor("optimizer/00002").shape == (12, 32)  # whole, from both workers
+
