@@ -11,7 +11,7 @@ import pytest
 from test_checkpoints_in_one_process import EPOCHS, Crash, build, dataset
 
 import hybridpar
-from hybridpar.checkpoint import model_state
+from hybridpar.checkpoint import export, model_state
 from hybridpar.errors import CheckpointMismatchError
 
 pytestmark = pytest.mark.strategy
@@ -132,10 +132,14 @@ def test_export_gives_plain_keras_the_full_unsharded_optimizer_state(tmp_path):
     trained, hs, _ = train(tmp_path / "ckpt", epochs=1)
     exporter, _ = built(1, False)
     hybridpar.checkpoint.export_weights(tmp_path / "ckpt", exporter, tmp_path / "m.weights.h5")
-    plain = build()  # plain Keras: no hybridpar scope
-    plain.optimizer.build(plain.trainable_variables)
-    plain.load_weights(tmp_path / "m.weights.h5")
-    assert int(plain.optimizer.iterations.numpy()) == 13
-    assert max_diff(plain.get_weights(), trained.get_weights()) == 0.0
-    assert max_diff([v.numpy() for v in plain.optimizer.variables if v.shape.rank],
-                    slots(trained, hs)) == 0.0
+    # the command rebuilds the model, compiled with its Adam, from the manifest
+    assert export.main(["export", str(tmp_path / "ckpt"), "--to",
+                        str(tmp_path / "cli.weights.h5")]) == 0
+    for exported in ("m.weights.h5", "cli.weights.h5"):
+        plain = build()  # plain Keras: no hybridpar scope
+        plain.optimizer.build(plain.trainable_variables)
+        plain.load_weights(tmp_path / exported)
+        assert int(plain.optimizer.iterations.numpy()) == 13
+        assert max_diff(plain.get_weights(), trained.get_weights()) == 0.0
+        assert max_diff([v.numpy() for v in plain.optimizer.variables if v.shape.rank],
+                        slots(trained, hs)) == 0.0
