@@ -23,6 +23,12 @@ id is a Python int when a ``tf.distribute`` replica function is traced
 Clipping and weight decay keep Keras's own path: both run on the whole
 variables before the update step, exactly as without sharding.
 
+Checkpoints store the shards as the slots an unsharded optimizer has: the
+hook that stops Keras creating slots records which it asked for
+(``note_slot``), and ``checkpoint_slots`` lists them in Keras's order, each
+with the ranges of it the local replicas' shards hold
+(``hybridpar.checkpoint.layout``).
+
 Per-replica optimizers, rather than one optimizer over every shard, because
 Keras optimizers keep per-optimizer counters and the update of a replica
 must read and write only variables on that replica's device.
