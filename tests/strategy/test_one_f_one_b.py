@@ -62,6 +62,22 @@ def test_four_stages_with_8_microbatches_train_like_one_device(schedule):
     assert difference <= 1e-5, f"{schedule}: max abs weight difference {difference:.3g}"
 
 
+def test_1f1b_runs_eagerly_like_one_device():
+    """``run_eagerly=True`` runs ops in program order; the schedule adds nothing there."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((32, 6)).astype("float32")
+    y = (x[:, 1] > 0).astype("int32")
+    keras.utils.set_random_seed(5)
+    with hybridpar.scope(staged_config(2, 4, "1f1b", 16, {"^s0_": 0, "^s1_": 1})):
+        model = dense_stack(2, 1, 8, 6)
+        model.compile(run_eagerly=True, **compile_kwargs())
+    twin = single_device_twin(lambda: dense_stack(2, 1, 8, 6), model, compile_kwargs())
+    for each in (model, twin):
+        each.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    difference = max_weight_difference(twin.get_weights(), model.get_weights())
+    assert difference <= 1e-5, f"max abs weight difference {difference:.3g}"
+
+
 def peak_step_bytes(schedule: str) -> int:
     """Allocator bytes above the step's start at the peak of one step (M=8, K=2) of a
     Dense stack whose activations (4096 x 128 floats per layer) outweigh its weights."""
