@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 RAY_STAMP := $(VENV)/.installed-ray
 PIP_INSTALL := $(BIN)/python -m pip install --quiet -c requirements/constraints.txt
 
-.PHONY: demo test test-fast lint bench gpu clean
+.PHONY: demo test test-fast lint bench gpu docs clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ test: $(RAY_STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not multiworker and not keras_suite and not ray"
 
+# The documentation site in site/ (mkdocs.yml is strict: a broken link fails the build).
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -46,4 +50,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) runs site .pytest_cache .ruff_cache *.egg-info

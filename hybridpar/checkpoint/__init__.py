@@ -11,6 +11,8 @@ listing, checks, keep-N, damage fallback), ``publication`` their atomic
 publication and deletion, ``npz`` the earlier format, ``end_record`` the
 record of ``fit``'s end, ``layout`` and ``tensor_io`` the variables and
 their reads and writes per task,
+``flat_slices`` a ZeRO shard's element range as stored boxes, ``zero_shards``
+each worker's own write of its ZeRO shards,
 ``model_state`` captures and restores models, ``coordination`` has every
 worker restore the chief's choice, ``callback`` is ``PeriodicCheckpoint``,
 ``preemption`` saves on SIGTERM, ``export`` writes Keras weights files.

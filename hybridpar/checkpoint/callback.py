@@ -48,7 +48,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
       within it and the data position every ``every_steps`` optimizer steps
       and/or ``every_epochs`` epochs, keeping the newest ``keep``
       (``hybridpar.checkpoint.files`` describes the format). Every worker takes
-      part in a save; only the chief writes files. A save blocks training
+      part in a save; only the chief writes files (but for the ZeRO shards
+      each worker holds, ``zero_shards``). A save blocks training
       only while the values are copied to host memory; the files are written
       in the background, one save at a time (``checkpoint.writer``), and the
       next save, the end of ``fit``, a preemption exit and process exit wait
@@ -291,6 +292,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
                                                 writes=self.writes)
         self._last_saved = step
         if not self.writes:
+            model_state.write_own_shards(self.model, self.directory, step, pieces)
             return None
         directory, hasher = self.directory, model_state.hasher_for(self.model, self.directory)
 

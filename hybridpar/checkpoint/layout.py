@@ -7,7 +7,11 @@ parameter servers (a ``ShardedVariable``) is one part per shard, each a row
 slice of the logical tensor; the optimizer's slots of its shards (one slot
 set per shard, ``compat.shard_views``) are joined the same way, so a
 checkpoint written with 2 parameter servers restores into 3, or into one
-device, with its optimizer state.
+device, with its optimizer state. The slots ZeRO shards
+(``data_parallel.shard_optimizer_state``) are stored as the slots an
+unsharded optimizer has, each made of flat parts (``FlatPart``: a replica's
+shard holds any range of a slot's elements, stored as boxes,
+``flat_slices``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 from hybridpar.checkpoint.manifest import variable_spec
 from hybridpar.compat.shard_views import sharded
+from hybridpar.state import state_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +33,17 @@ class Part:
     rows: int | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class FlatPart:
+    """One variable holding elements ``start:start+length`` of a logical tensor's flattened
+    values, at ``source:source+length`` of its own flat value (a ZeRO shard's slot)."""
+
+    variable: Any
+    source: int
+    start: int
+    length: int
+
+
 @dataclasses.dataclass
 class Logical:
     """One checkpointed tensor: its path, full shape and dtype, and the parts that hold it."""
@@ -35,7 +51,7 @@ class Logical:
     path: str
     shape: tuple[int, ...]
     dtype: str
-    parts: list[Part]
+    parts: list[Part | FlatPart]
     joins: tuple[int, str] | None = None  # (table id, slot) of a slot joined over shards
 
     @property
@@ -108,7 +124,26 @@ def optimizer_variables(model: Any, variables: list[Any]) -> list[Logical]:
         if logical.joins is not None:
             shards = sorted(joined[logical.joins], key=lambda pair: pair[0])
             logical.parts = _row_parts([variable for _, variable in shards])
-    return result
+    return result + _sharded_slots(model)
+
+
+def _sharded_slots(model: Any) -> list[Logical]:
+    """The slots ZeRO shards over the replicas, as the slots an unsharded optimizer has.
+
+    Each is stored under the unsharded slot's place and shape, made of flat parts (one per
+    local replica holding elements of it), so the checkpoint restores onto any replica
+    count, sharded or not, and an unsharded one restores onto a sharded run. Sharded over
+    several workers, each worker's parts are its own replicas' (``zero_shards``).
+    """
+    state = state_of(getattr(model, "_distribute_strategy", None))
+    sharding = getattr(state, "zero", None)
+    found = sharding.state_for(model.optimizer) if sharding is not None else None
+    if found is None:
+        return []
+    return [Logical(slot.path, slot.shape, slot.dtype,
+                    [FlatPart(variable, piece.shard_offset, piece.start, piece.length)
+                     for variable, piece in slot.parts])
+            for slot in found.checkpoint_slots()]
 
 
 def specs(logicals: list[Logical]) -> list[dict[str, Any]]:

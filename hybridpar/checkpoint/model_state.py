@@ -31,6 +31,7 @@ from hybridpar.checkpoint import (
     remote_hashing,
     storage,
     tensor_io,
+    zero_shards,
 )
 from hybridpar.checkpoint.files import Found
 from hybridpar.checkpoint.manifest import (
@@ -99,6 +100,9 @@ def snapshot(model: Any, data: dict[str, Any], *, extra: dict[str, Any] | None =
     specs = {group: layout.specs(found) for group, found in groups.items()}
     read = groups if writes else {"metrics": groups["metrics"]}
     pieces = tensor_io.snapshot(read)
+    sharded = zero_shards.sharded_over_workers(model)
+    if not writes:  # a worker that writes only the ZeRO shards its replicas hold, if any
+        pieces = [] if sharded is None else _own_shards(groups["optimizer"])
     arrays: dict[str, Any] = {}
     compression_state.capture(model, arrays, specs)
     if writes and arrays:
@@ -107,9 +111,26 @@ def snapshot(model: Any, data: dict[str, Any], *, extra: dict[str, Any] | None =
     step = int(optimizer.iterations.numpy()) if optimizer is not None else 0
     manifest = {**(extra or {}), "format": FORMAT_V2, "step": step, "data": data,
                 "variables": specs, "created": time.time()}
+    if sharded is not None:
+        manifest["zero_workers"] = sharded.workers  # whose shard bundles the chief merges
     if writes:
         manifest["model_config"] = architecture(model)  # what `checkpoint export` rebuilds
-    return (pieces if writes else []), manifest
+    return pieces, manifest
+
+
+def _own_shards(optimizer: list[layout.Logical]) -> list[tensor_io.Piece]:
+    own = {key("optimizer", index) for index, logical in enumerate(optimizer)
+           if any(isinstance(part, layout.FlatPart) for part in logical.parts)}
+    return [p for p in tensor_io.snapshot({"optimizer": optimizer}) if p.key in own]
+
+
+def write_own_shards(model: Any, directory: str | os.PathLike, step: int,
+                     pieces: list[tensor_io.Piece]) -> None:
+    """On a worker that does not write the checkpoint: writes the ZeRO shards only it holds
+    (``snapshot``'s pieces there; nothing without shards over workers)."""
+    state = zero_shards.sharded_over_workers(model)
+    if state is not None:
+        zero_shards.write_own(directory, step, state.worker, pieces)
 
 
 def architecture(model: Any) -> str | None:
@@ -192,15 +213,20 @@ def assign_group(model: Any, group: str, values: Reader) -> None:
     """Assigns one group (``model``, ``optimizer``, ``metrics``) of a checked checkpoint."""
     for index, logical in enumerate(logicals(model, group)):
         for part in logical.parts:
-            part.variable.assign(values.read(key(group, index), logical, part))
+            tensor_io.assign(part, values.read(key(group, index), logical, part))
 
 
 def write(directory: str | os.PathLike, pieces: list[tensor_io.Piece], manifest: dict[str, Any],
           hash_remote: tensor_io.Hasher | None = None) -> Any:
     """Writes a snapshot as checkpoint ``ckpt-<step>`` (partial directory, then published)."""
     hasher = hash_remote or _hash_here
-    return publication.write_and_publish(
-        directory, manifest, lambda partial: tensor_io.write(partial, pieces, hasher))
+    workers = manifest.get("zero_workers", 1)
+
+    def files_of(partial: Any) -> dict[str, dict[str, Any]]:
+        written = zero_shards.collect(int(manifest["step"]), workers) if workers > 1 else []
+        return tensor_io.write(partial, pieces, hasher, written)
+
+    return publication.write_and_publish(directory, manifest, files_of)
 
 
 def _hash_here(partial: Any, task: str, names: list[str]) -> dict[str, dict[str, Any]]:
@@ -236,6 +262,7 @@ def save_position(model: Any, directory: str | os.PathLike, data: dict[str, Any]
     ``iterator_persists`` (whether that iterator spans epochs)."""
     pieces, manifest = snapshot(model, data, extra=extra, writes=write_files)
     if not write_files:
+        write_own_shards(model, directory, int(manifest["step"]), pieces)
         return None
     return write(directory, pieces, manifest, hasher_for(model, directory))
 

@@ -11,12 +11,14 @@ bundles' indexes on this task (``MergeV2Checkpoints``), as
 saved as row slices of one logical tensor. ``BundleReader`` restores each
 part with a ``RestoreV2`` placed on the part's device, asking for exactly its
 rows (the slices are re-cut on read), so a parameter server reads its rows
-itself and the chief never holds a table.
+itself and the chief never holds a table. A ZeRO shard's part of a slot
+(``layout.FlatPart``) is saved and read as the boxes of its element range.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -28,8 +30,8 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 from tensorflow.python.ops import gen_io_ops
 
-from hybridpar.checkpoint import storage
-from hybridpar.checkpoint.layout import Logical, Part
+from hybridpar.checkpoint import flat_slices, storage
+from hybridpar.checkpoint.layout import FlatPart, Logical, Part
 from hybridpar.checkpoint.manifest import INDEX_FILE, STATE_PREFIX, data_file, key, slice_spec
 from hybridpar.errors import CheckpointDamagedError, ConfigError
 
@@ -83,10 +85,39 @@ def snapshot(groups: dict[str, list[Logical]]) -> list[Piece]:
     for group, logicals in groups.items():
         for index, logical in enumerate(logicals):
             for part in logical.parts:
-                pieces.append(Piece(key(group, index),
-                                    slice_spec(logical.shape, part.offset, part.rows),
-                                    read(part.variable)))
+                if isinstance(part, FlatPart):
+                    pieces += _flat_pieces(key(group, index), logical, part)
+                else:
+                    pieces.append(Piece(key(group, index),
+                                        slice_spec(logical.shape, part.offset, part.rows),
+                                        read(part.variable)))
     return pieces
+
+
+def _flat_pieces(name: str, logical: Logical, part: FlatPart) -> list[Piece]:
+    """A flat part as the boxes of the logical tensor it covers (``flat_slices``)."""
+    found = flat_slices.boxes(logical.shape, part.start, part.length)
+    with tf.device(device_of(part.variable)):
+        value = read(part.variable)[part.source:part.source + part.length]
+        if found is None:
+            return [Piece(name, "", tf.reshape(value, logical.shape))]
+        pieces, offset = [], 0
+        for box in found:
+            size = math.prod(box[1])
+            pieces.append(Piece(name, flat_slices.spec(logical.shape, box),
+                                tf.reshape(value[offset:offset + size], box[1])))
+            offset += size
+        return pieces
+
+
+def assign(part: Part | FlatPart, value: Any) -> None:
+    """Writes a part's value (as ``BundleReader.read`` returns it) into its variable."""
+    if not isinstance(part, FlatPart):
+        part.variable.assign(value)
+        return
+    inner = part.variable._value if isinstance(part.variable, keras.Variable) else part.variable
+    with tf.device(inner.device):
+        inner[part.source:part.source + part.length].assign(tf.cast(value, inner.dtype))
 
 
 def arrays_as_pieces(arrays: dict[str, np.ndarray]) -> list[Piece]:
@@ -95,13 +126,15 @@ def arrays_as_pieces(arrays: dict[str, np.ndarray]) -> list[Piece]:
         return [Piece(name, "", tf.constant(value)) for name, value in arrays.items()]
 
 
-def write(partial: str | os.PathLike, pieces: Sequence[Piece],
-          hash_remote: Hasher) -> dict[str, dict[str, Any]]:
+def write(partial: str | os.PathLike, pieces: Sequence[Piece], hash_remote: Hasher,
+          written: Sequence[tuple[str, str]] = ()) -> dict[str, dict[str, Any]]:
     """Writes ``pieces`` into ``partial`` as one bundle, each task its own data file.
 
     Args:
         partial: the checkpoint's partial directory (it exists).
         hash_remote: asks another task for the size and SHA-256 of files it wrote.
+        written: ``(task, bundle prefix)`` of bundles other workers wrote themselves
+            (``zero_shards``), merged in and hashed here (the directory is shared).
 
     Returns:
         ``{file name: {"bytes", "sha256", "task"}}`` of every file written.
@@ -118,14 +151,20 @@ def write(partial: str | os.PathLike, pieces: Sequence[Piece],
             gen_io_ops.save_v2(prefix, [p.key for p in group], [p.spec for p in group],
                                [p.value for p in group])
     me = local_host()
+    total = len(hosts) + len(written)
     with tf.device(f"{me}/device:CPU:0"):
-        gen_io_ops.merge_v2_checkpoints(prefixes, os.fspath(storage.join(partial, STATE_PREFIX)),
+        gen_io_ops.merge_v2_checkpoints(prefixes + [prefix for _, prefix in written],
+                                        os.fspath(storage.join(partial, STATE_PREFIX)),
                                         delete_old_dirs=True)
     storage.rmtree(parts_dir)
     entries = {INDEX_FILE: _hash_here(partial, INDEX_FILE, me)}
+    for shard, (task, prefix) in enumerate(written, start=len(hosts)):
+        name = data_file(shard, total)
+        entries[name] = {**_hash_here(partial, name, me), "task": task}
+        storage.rmtree(os.path.dirname(prefix))
     remote: dict[str, list[str]] = {}
     for shard, host in enumerate(hosts):
-        name = data_file(shard, len(hosts))
+        name = data_file(shard, total)
         if host == me:
             entries[name] = _hash_here(partial, name, me)
         else:
@@ -156,10 +195,12 @@ class BundleReader:
             CheckpointDamagedError: when a file fails TensorFlow's CRC32C or is unreadable.
             ConfigError: when that task cannot see the checkpoint's files.
         """
-        spec = slice_spec(logical.shape, part.offset, part.rows)
         host = host_of(device_of(part.variable))
         try:
             with tf.device(f"{host}/device:CPU:0"):
+                if isinstance(part, FlatPart):
+                    return self._flat(name, logical, part)
+                spec = slice_spec(logical.shape, part.offset, part.rows)
                 return gen_io_ops.restore_v2(self.prefix, [name], [spec],
                                              [tf.as_dtype(logical.dtype)])[0]
         except tf.errors.NotFoundError as err:
@@ -175,6 +216,16 @@ class BundleReader:
                 f"{os.fspath(self.path)}: {name} cannot be read "
                 f"({err.message.splitlines()[0]})") from None
 
+    def _flat(self, name: str, logical: Logical, part: FlatPart) -> Any:
+        """A flat part's elements: its boxes read (re-cut from the stored slices), joined."""
+        found = flat_slices.boxes(logical.shape, part.start, part.length)
+        specs = [""] if found is None else [flat_slices.spec(logical.shape, b) for b in found]
+        if not specs:
+            return tf.zeros([0], logical.dtype)
+        values = gen_io_ops.restore_v2(self.prefix, [name] * len(specs), specs,
+                                       [tf.as_dtype(logical.dtype)] * len(specs))
+        return tf.concat([tf.reshape(v, [-1]) for v in values], 0)
+
     def array(self, name: str, dtype: str) -> np.ndarray:
         """One whole tensor as a host array (small state: PowerSGD's, an evaluator's weights)."""
         with tf.device(f"{local_host()}/device:CPU:0"):
@@ -189,6 +240,8 @@ class ArrayReader:
 
     def read(self, name: str, logical: Logical, part: Part) -> Any:
         value = self.arrays[name]
+        if isinstance(part, FlatPart):
+            return np.reshape(value, [-1])[part.start:part.start + part.length]
         return value if part.offset is None else value[part.offset:part.offset + part.rows]
 
     def array(self, name: str, dtype: str) -> np.ndarray:

@@ -71,10 +71,20 @@ def _train_main(argv: Sequence[str]) -> None:
         print(result.summary(), flush=True)
 
 
+USAGE = ("usage: hybridpar train [--config FILE] [--set KEY=VALUE ...] [--model_dir DIR]\n"
+         "                       [--data_dir DIR] [--logical_cpus N] [--verbose 0|1|2]\n\n"
+         "Train a model from a config; --helpfull lists absl's own flags too.\n")
+
+
 def run(argv: list[str]) -> None:
     """Runs ``hybridpar train`` (``argv[0]`` is the program name); exits 2 on bad input."""
     from hybridpar.data import DatasetNotFoundError
 
+    if any(arg in ("-h", "--help", "--helpshort", "-?") for arg in argv[1:]):
+        # absl's --help lists the key flags of the console script's module, which
+        # defines none: the train flags are this module's.
+        print(USAGE + "\nflags:\n" + FLAGS.module_help(__name__))
+        sys.exit(0)
     try:
         app.run(_train_main, argv=argv)
     except (ConfigError, DatasetNotFoundError) as err:

@@ -12,7 +12,8 @@ three places:
 - ``BaseOptimizer.build`` checks that the optimizer can be sharded and, after
   Keras's own bookkeeping, creates its shards and replica optimizers;
 - ``TFOptimizer.add_variable_from_reference`` creates no slot (``None``; the
-  optimizer's own ``update_step`` never runs);
+  optimizer's own ``update_step`` never runs) and tells the sharding which slot
+  it was asked for (checkpoints store the shards as those slots);
 - ``TFOptimizer._backend_update_step``, where Keras all-reduces the gradients
   and updates each variable in a ``merge_call``, runs the sharded update in
   the replica instead. This is the one call in the train step.
@@ -60,6 +61,7 @@ def _build(original: Any) -> Any:
 
 def _no_slot(original: Any) -> Any:
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
+        _sharding(self).note_slot(self, reference_variable, name or "var")
         return None
 
     return add_variable_from_reference

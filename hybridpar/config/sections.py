@@ -143,6 +143,9 @@ class PartitionerConfig(Section):
     Attributes:
         kind: ``fixed`` (exactly ``shards`` shards) or ``min_size`` (shards of
             at least ``min_shard_bytes``, at most ``max_shards``).
+        shards: kind ``fixed``: how many shards each large variable is split into.
+        min_shard_bytes: kind ``min_size``: the smallest shard, in bytes.
+        max_shards: kind ``min_size``: the most shards one variable is split into.
     """
 
     PATH: ClassVar[str] = "parameter_server.partitioner"
@@ -178,7 +181,12 @@ class PartitionerConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class ParameterServerConfig(Section):
-    """Parameter-server options."""
+    """Parameter-server options.
+
+    Attributes:
+        partitioner: how variables are sharded over the ps tasks (``None``:
+            each variable whole on one ps).
+    """
 
     PATH: ClassVar[str] = "parameter_server"
     partitioner: PartitionerConfig | None = None

@@ -23,6 +23,12 @@ id is a Python int when a ``tf.distribute`` replica function is traced
 Clipping and weight decay keep Keras's own path: both run on the whole
 variables before the update step, exactly as without sharding.
 
+Checkpoints store the shards as the slots an unsharded optimizer has: the
+hook that stops Keras creating slots records which it asked for
+(``note_slot``), and ``checkpoint_slots`` lists them in Keras's order, each
+with the ranges of it the local replicas' shards hold
+(``hybridpar.checkpoint.layout``).
+
 Per-replica optimizers, rather than one optimizer over every shard, because
 Keras optimizers keep per-optimizer counters and the update of a replica
 must read and write only variables on that replica's device.
@@ -90,12 +96,6 @@ def from_config(config: StrategyConfig, strategy_plan: Plan) -> ZeroSharding | N
             f"communication.compression={config.communication.compression!r}. Set one of "
             "them off (compression 'none', or shard_optimizer_state false)."
         )
-    if config.checkpoint.dir is not None:
-        logger.warning("hybridpar: checkpoints in %s do not hold the optimizer state that %s "
-                       "shards yet: a resumed run restarts the optimizer's slots (Adam's "
-                       "moments) from zero. Set data_parallel.shard_optimizer_state to false "
-                       "where resuming must continue the optimizer exactly.",
-                       config.checkpoint.dir, head)
     return ZeroSharding(strategy_plan.mode)
 
 
@@ -105,6 +105,12 @@ class ZeroSharding:
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self._states: weakref.WeakKeyDictionary[Any, ShardedState] = weakref.WeakKeyDictionary()
+
+    def note_slot(self, optimizer: Any, reference: Any, name: str) -> None:
+        """Records a slot Keras's ``build`` asked ``optimizer`` for (it makes none), in order:
+        checkpoints store the sharded slots as the slots an unsharded optimizer makes.
+        ``BaseOptimizer.build`` built the sharded state before ``Adam.build`` asks."""
+        self._states[optimizer].note_slot(optimizer, reference, name)
 
     def check(self, optimizer: Any) -> None:
         """Raises ConfigError when ``optimizer`` cannot be sharded (``zero_plan``)."""
@@ -165,8 +171,28 @@ def _launchers(strategy: tf.distribute.Strategy) -> list[Any]:
 @dataclasses.dataclass
 class _Replica:
     device: str
+    replica: int
     optimizer: Any
     shards: list[Any]
+    slots: dict[str, Any]  # the replica optimizer's variables by name
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotShards:
+    """One slot as an unsharded optimizer has it, and the parts of it this task holds.
+
+    Attributes:
+        path: the unsharded slot's path (``adam/dense_kernel_momentum``).
+        shape: the variable's (and the slot's) shape.
+        dtype: its dtype.
+        parts: ``(shard slot variable, piece)`` of every local replica that holds elements
+            of it (``zero_plan.Piece``: where in the shard, which elements of the slot).
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    parts: list[tuple[Any, zero_plan.Piece]]
 
 
 class ShardedState:
@@ -180,6 +206,9 @@ class ShardedState:
 
     def __init__(self, strategy: tf.distribute.Strategy, optimizer: Any,
                  variables: Sequence[Any]) -> None:
+        self._index = {id(v): i for i, v in enumerate(variables)}
+        self.slots: list[tuple[int, str]] = []  # (variable index, slot name), Keras's order
+        self.slot_paths: list[str] = []
         self.replicas = strategy.num_replicas_in_sync
         specs = [zero_plan.VariableSpec(v.name, tuple(v.shape), tf.as_dtype(v.dtype).name,
                                         _devices_of(v)) for v in variables]
@@ -191,6 +220,8 @@ class ShardedState:
             devices) else 0
         self.local = [self._replica(optimizer, device, first + i)
                       for i, device in enumerate(devices)]
+        self.workers = self.replicas // len(devices)  # each holding its replicas' shards
+        self.worker = first // len(devices)
 
     def _replica(self, optimizer: Any, device: str, replica: int) -> _Replica:
         with _plain_variables_on(device):
@@ -203,7 +234,27 @@ class ShardedState:
         # The step count Adam's bias correction reads; set past Keras's tracking, which would
         # list the outer optimizer's (mirrored) counter among the replica optimizer's variables.
         object.__setattr__(inner, "_iterations", optimizer._iterations)
-        return _Replica(device, inner, shards)
+        return _Replica(device, replica, inner, shards, {v.name: v for v in inner.variables})
+
+    def note_slot(self, optimizer: Any, reference: Any, name: str) -> None:
+        """Records the slot ``name`` of ``reference`` (``ZeroSharding.note_slot``)."""
+        self.slots.append((self._index[id(reference)], name))
+        self.slot_paths.append(f"{optimizer.name}/{reference.path.replace('/', '_')}_{name}")
+
+    def checkpoint_slots(self) -> list[SlotShards]:
+        """Every slot an unsharded optimizer would have, in its order, with this task's parts."""
+        where = {i: b for b, bucket in enumerate(self.plan.buckets) for i in bucket.indices}
+        result = []
+        for (index, name), path in zip(self.slots, self.slot_paths, strict=True):
+            bucket = self.plan.buckets[where[index]]
+            parts = []
+            for state in self.local:
+                shard = state.shards[where[index]]
+                slot = state.slots[f"{shard.path.replace('/', '_')}_{name}"]
+                parts += [(slot, piece) for piece in bucket.pieces(state.replica)
+                          if piece.index == index]
+            result.append(SlotShards(path, self.shapes[index], bucket.dtype, parts))
+        return result
 
     # ------------------------------------------------------------------ the update
 

@@ -110,6 +110,43 @@ class Bucket:
         return tuple(starts)
 
 
+    def offsets(self) -> tuple[int, ...]:
+        """Where each variable begins in the flat bucket."""
+        starts, offset = [], 0
+        for size in self.sizes:
+            starts.append(offset)
+            offset += size
+        return tuple(starts)
+
+    def pieces(self, replica: int) -> tuple[Piece, ...]:
+        """The parts of the bucket's variables shard ``replica`` holds, in bucket order.
+
+        A variable with no elements is listed, empty, in shard 0, so that
+        every variable is held by some shard.
+        """
+        begin = self.shard_starts()[replica]
+        end = begin + self.shard_lengths()[replica]
+        found = []
+        for index, start, size in zip(self.indices, self.offsets(), self.sizes, strict=True):
+            low, high = max(start, begin), min(start + size, end)
+            if high > low or (size == 0 and replica == 0):
+                found.append(Piece(index, low - begin if size else 0, low - start if size else 0,
+                                   max(high - low, 0), size))
+        return tuple(found)
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """Elements ``start:start+length`` of variable ``index`` (flattened, ``size`` in all),
+    held at ``shard_offset:shard_offset+length`` of one replica's shard."""
+
+    index: int
+    shard_offset: int
+    start: int
+    length: int
+    size: int
+
+
 @dataclasses.dataclass(frozen=True)
 class ZeroPlan:
     """The buckets of one optimizer's variables over ``replicas`` replicas."""

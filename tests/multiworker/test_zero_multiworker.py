@@ -1,16 +1,20 @@
 """ZeRO stage 1 (shard_optimizer_state) on a real 2-worker cluster through `hybridpar launch`.
 
 scripts/train_checkpoint.py --shard: a 12-32-2 MLP (482 weights), Adam, 45 optimizer steps.
+Each worker holds only its replica's shards and writes them into the checkpoint itself.
 """
 
+import json
+
 import pytest
+import tensorflow as tf
 from test_checkpoint import STEPS, launch, max_weight_diff, reference, result, script  # noqa: F401
 
 pytestmark = [pytest.mark.multiworker, pytest.mark.slow]
 
 
 def test_two_sharded_workers_train_to_the_single_process_weights(tmp_path, reference):  # noqa: F811
-    run = launch(script(tmp_path / "out", tmp_path / "ckpt" / "{task}", "--shard"))
+    run = launch(script(tmp_path / "out", tmp_path / "ckpt", "--shard"))
     assert run.returncode == 0, run.stderr[-4000:]
     chief = result(tmp_path / "out" / "worker-0-run0.json")
     other = result(tmp_path / "out" / "worker-1-run0.json")
@@ -27,3 +31,27 @@ def test_two_sharded_workers_train_to_the_single_process_weights(tmp_path, refer
     output = run.stdout + run.stderr
     assert output.count("optimizer state sharded over 2 replicas: 4 variable(s), 482 "
                         "elements in 1 bucket(s); 241 to 241 elements per replica") == 2
+
+
+def test_a_killed_sharded_worker_resumes_with_every_workers_optimizer_shards(
+        tmp_path, reference):  # noqa: F811
+    run = launch(script(tmp_path / "out", tmp_path / "ckpt", "--shard", "--die_at", "23",
+                        "--die_signal", "KILL"), max_restarts=1)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "task worker:1 exited with 137; restarting the cluster" in run.stderr
+    for task in ("worker-0", "worker-1"):
+        resumed = result(tmp_path / "out" / f"{task}-run1.json")
+        assert resumed["restored_step"] == 20 and resumed["steps"] == STEPS
+        # the resumed Adam continues from both workers' restored moments
+        assert max_weight_diff(resumed, reference) <= 1e-5
+    # every worker's slices merged into the checkpoint, no worker's bundle left beside it
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "ckpt-00000030", "ckpt-00000040", "ckpt-00000045"]
+    latest = tmp_path / "ckpt" / "ckpt-00000045"
+    manifest = json.loads((latest / "manifest.json").read_text())
+    assert {name: entry["task"] for name, entry in manifest["files"].items()
+            if name.startswith("state.data")} == {
+        "state.data-00000-of-00002": "worker:0", "state.data-00001-of-00002": "worker:1"}
+    slots = tf.train.load_checkpoint(str(latest / "state"))
+    assert slots.get_tensor("optimizer/00002").shape == (12, 32)  # whole, from both workers
+

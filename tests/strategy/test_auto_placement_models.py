@@ -11,8 +11,6 @@ difference after it (float summation order across two devices) grows to
 ~5e-4 after the second, on one device as on two.
 """
 
-import re
-
 import keras
 import numpy as np
 import pytest
@@ -95,7 +93,8 @@ def test_keras_hub_gpt2_tied_embedding_is_placed_once():
     inputs, ids = tokens()
     hs, model = trains_like_one_device(build, inputs, np.roll(ids, -1, axis=1))
     shared = hs.describe(model).stages.shared
-    assert len(shared) == 1 and "token_embedding placed once on stage 0" in shared[0]
-    # the backbone's name has a suffix when other tests of the session built one before
-    assert re.search(r"uses: gpt2_backbone(_\d+)?/token_embedding on stage 0; token_embedding "
-                     r"on stage 0, input from stage 1", shared[0]), shared[0]
+    backbone = next(layer.name for layer in model.layers  # gpt2_backbone_N after other tests
+                    if layer.name.startswith("gpt2_backbone"))
+    assert list(shared) == [f"{backbone}/token_embedding placed once on stage 0; uses: "
+                      f"{backbone}/token_embedding on stage 0; token_embedding on stage 0, "
+                      "input from stage 1"]

@@ -116,16 +116,6 @@ def test_one_replica_warns_and_trains_unsharded(caplog):
     assert "shard_optimizer_state=true has no effect with 1 replica" in caplog.text
 
 
-def test_checkpoints_warn_that_they_do_not_hold_the_sharded_slots(caplog, tmp_path):
-    sharded = {"data_parallel": {"mode": "mirrored", "shard_optimizer_state": True},
-               "checkpoint": {"dir": str(tmp_path)}}
-    with caplog.at_level(logging.WARNING, logger="hybridpar"), hybridpar.scope(sharded) as hs:
-        pass
-    assert hs.state.zero is not None
-    assert f"checkpoints in {tmp_path} do not hold the optimizer state" in caplog.text
-    assert "restarts the optimizer's slots" in caplog.text
-
-
 def test_parameter_server_mode_is_refused():
     with pytest.raises(hybridpar.ConfigError, match=r"shard_optimizer_state=true needs mode "
                        r"'mirrored' or 'multi_worker': the ps tasks .* already hold"):

@@ -79,6 +79,13 @@ def test_help_lists_the_commands():
     assert result.returncode == 0 and "train" in result.stdout
 
 
+def test_train_help_lists_the_train_flags():
+    result = run("train", "--help")  # absl alone printed only "Try --helpfull"
+    assert result.returncode == 0
+    for flag in ("--config", "--set", "--model_dir", "--data_dir", "--logical_cpus"):
+        assert flag in result.stdout
+
+
 @pytest.mark.parametrize("value", ["abc", "0"])
 def test_bad_hybridpar_logical_cpus_fails_at_import(value):
     env = {**os.environ, "HYBRIDPAR_LOGICAL_CPUS": value}

@@ -58,6 +58,7 @@ PURE_MODULES = [
     "hybridpar.parallel.zero_plan",
     "hybridpar.checkpoint.end_record",
     "hybridpar.checkpoint.files",
+    "hybridpar.checkpoint.flat_slices",
     "hybridpar.checkpoint.manifest",
     "hybridpar.checkpoint.npz",
     "hybridpar.checkpoint.policy",

@@ -1,5 +1,7 @@
 """ZeRO stage 1's plan: flat buckets balanced to one element, and the optimizers it refuses."""
 
+import itertools
+
 import pytest
 
 from hybridpar import ConfigError, StrategyConfig
@@ -31,6 +33,25 @@ def test_every_tensor_is_flattened_into_its_dtype_and_device_group_bucket():
         ("float32", (), (0, 1), (528, 33)), ("float16", (), (2,), (4,)),
         ("float32", ("/cpu:1",), (3,), (132,))]
     assert zero_plan.THRESHOLD_ELEMENTS == 0  # a 4-element bias is sharded too
+
+
+@pytest.mark.parametrize("shapes, replicas", [(((16, 33), (33,), (33, 4), (4,)), 4),
+                                              (((5,), (0,), (), (3, 2)), 3), (((2,),), 4)])
+def test_the_pieces_of_the_shards_cover_every_variable_once(shapes, replicas):
+    """What a checkpoint stores of each shard: every element of every variable, once."""
+    (bucket,) = zero_plan.plan(specs(*shapes), replicas).buckets
+    held = {i: [] for i in bucket.indices}
+    for replica in range(replicas):
+        shard = bucket.shard_starts()[replica]
+        for piece in bucket.pieces(replica):
+            start = bucket.offsets()[bucket.indices.index(piece.index)] + piece.start
+            assert start == shard + piece.shard_offset or piece.size == 0  # where it is held
+            assert piece.shard_offset + piece.length <= bucket.shard_lengths()[replica]
+            held[piece.index].append((piece.start, piece.length))
+    for index, size in zip(bucket.indices, bucket.sizes, strict=True):
+        covered = sorted(held[index])
+        assert covered[0][0] == 0 and sum(n for _, n in covered) == size
+        assert all(s + n == t for (s, n), (t, _) in itertools.pairwise(covered))
 
 
 def test_the_summary_names_variables_buckets_and_per_replica_elements():
