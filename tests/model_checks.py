@@ -90,3 +90,22 @@ def update_error(start: list, expected: list, actual: list) -> float:
     relative to the expected run's largest update, over every weight."""
     return max(float(np.max(np.abs(a - e))) / float(np.max(np.abs(e - s)))
                for s, e, a in zip(start, expected, actual, strict=True))
+
+
+def tiny_keras_hub(cls: str) -> keras.Model:
+    """A keras_hub backbone ``cls`` built from a tiny config (no weights; skips without
+    keras_hub)."""
+    import pytest
+
+    keras_hub = pytest.importorskip("keras_hub", reason="keras_hub is not installed in the venv")
+    return getattr(keras_hub.models, cls)(
+        vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=16,
+        max_sequence_length=8, dropout=0.0)
+
+
+def token_batch(examples: int, vocabulary: int = 50, length: int = 8) -> tuple[dict, np.ndarray]:
+    """``examples`` random token sequences as keras_hub inputs, and the token ids."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, vocabulary, (examples, length)).astype("int32")
+    return {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype=bool)}, ids
+

@@ -67,7 +67,8 @@ def _microbatched(original: Any) -> Any:
     def train_step(self, data):
         state = state_of(self._distribute_strategy)
         return pipeline.train_step(
-            self, data, state.microbatches, sequential=state.stages == 1, keep=_kept_rows()
+            self, data, state.microbatches, sequential=state.stages == 1, keep=_kept_rows(),
+            schedule=state.config.model_parallel.schedule, stages=state.stages,
         )
 
     return train_step

@@ -5,7 +5,9 @@ replica's device; nothing puts a layer's forward ops elsewhere. Under a
 hybridpar strategy with stages, the outermost placed layer of a call opens
 ``tf.device`` of its stage in the running replica, and a
 ``hybridpar_stage<k>`` name scope that ``stage_gradients`` reads; layers
-inside it inherit both. Layers nothing places run on the replica's own
+inside it inherit both. Under ``model_parallel.schedule: 1f1b`` the call
+also waits for the backward the schedule puts before it
+(``hybridpar.parallel.one_f_one_b``). Layers nothing places run on the replica's own
 device, which is stage 0. Installed only while a strategy with
 ``model_parallel.stages > 1`` is alive.
 """
@@ -19,6 +21,7 @@ import keras
 import tensorflow as tf
 
 from hybridpar.compat.patching import Fix, Patch, register
+from hybridpar.parallel import one_f_one_b
 from hybridpar.parallel.staging import layer_path, stage_scope_name
 from hybridpar.state import state_of
 
@@ -47,7 +50,8 @@ def _on_stage_device(original: Any) -> Any:
             return original(self, *args, **kwargs)
         _staged_call.depth += 1
         try:
-            with tf.device(device), tf.name_scope(stage_scope_name(stage)):
+            with (tf.device(device), tf.name_scope(stage_scope_name(stage)),
+                  one_f_one_b.waiting(stage)):
                 return original(self, *args, **kwargs)
         finally:
             _staged_call.depth -= 1

@@ -1,4 +1,5 @@
-"""The ``model_parallel`` section: stages, placement (manual rules and ``auto``), microbatches."""
+"""The ``model_parallel`` section: stages, placement (manual rules and ``auto``), microbatches,
+the pipeline schedule."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ class ModelParallelConfig(Section):
         microbatches: pipeline microbatches per replica batch.
         device_memory_bytes: parameter bytes one device may hold, checked
             per layer and per stage by the automatic cut (``None``: no limit).
+        schedule: ``gpipe`` (every microbatch's forward as soon as its input
+            is ready; each stage holds all M microbatches' activations) or
+            ``1f1b`` (PipeDream-flush: the same step, but stage ``k`` starts
+            the forward of microbatch ``m`` only after the backward of
+            ``m - (stages - k)``, so it holds at most ``stages - k``).
+            ``1f1b`` needs ``stages > 1`` and ``microbatches > 1``.
     """
 
     PATH: ClassVar[str] = "model_parallel"
@@ -31,11 +38,13 @@ class ModelParallelConfig(Section):
     placement: dict[str, int | str] | str = dataclasses.field(default_factory=dict)
     microbatches: int = 1
     device_memory_bytes: int | None = None
+    schedule: str = "gpipe"
 
     def validate(self) -> None:
         positive("model_parallel.stages", self.stages)
         positive("model_parallel.microbatches", self.microbatches)
         positive("model_parallel.device_memory_bytes", self.device_memory_bytes)
+        _check_schedule(self.schedule, self.stages, self.microbatches)
         placement = self.placement
         if isinstance(placement, str):
             require(
@@ -72,6 +81,22 @@ class ModelParallelConfig(Section):
 
 AUTO_KEY = "auto"
 AUTO_COSTS = ("static", "profile")
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def _check_schedule(schedule: str, stages: int, microbatches: int) -> None:
+    require(
+        schedule in SCHEDULES,
+        f"model_parallel.schedule must be one of {', '.join(map(repr, SCHEDULES))}. "
+        f"Received: {schedule!r}.{did_you_mean(str(schedule), SCHEDULES)}",
+    )
+    require(
+        schedule != "1f1b" or (stages > 1 and microbatches > 1),
+        "model_parallel.schedule='1f1b' orders the microbatches of a pipeline, so it needs "
+        f"model_parallel.stages > 1 and model_parallel.microbatches > 1. Received: "
+        f"stages={stages}, microbatches={microbatches}. Raise them, or leave the schedule "
+        "at 'gpipe' (with one stage the microbatches already run one after another).",
+    )
 
 
 def _check_rule(pattern: str, stage: int | str, stages: int) -> None:

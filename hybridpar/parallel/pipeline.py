@@ -34,6 +34,8 @@ from keras.src.losses import loss as keras_loss
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from hybridpar.data import balanced
+from hybridpar.parallel import one_f_one_b
+from hybridpar.parallel.one_f_one_b import StageGates
 from hybridpar.parallel.weight_gradients import DeferredWeightGradients
 
 
@@ -100,7 +102,7 @@ def tracked_loss(loss: tf.Tensor, rows: tf.Tensor, kept: tf.Tensor | None) -> tu
 
 
 def train_step(model: keras.Model, data: Any, microbatches: int, sequential: bool,
-               keep: tf.Tensor | None = None) -> Any:
+               keep: tf.Tensor | None = None, schedule: str = "gpipe", stages: int = 1) -> Any:
     """Keras's ``train_step`` over ``microbatches`` microbatches, and over padded pieces.
 
     It follows Keras 3.15's own ``TensorFlowTrainer.train_step`` (the loss
@@ -119,6 +121,10 @@ def train_step(model: keras.Model, data: Any, microbatches: int, sequential: boo
             left out of the metrics and the loss tracker. A batch of dynamic
             size with fewer examples than microbatches is padded the same way,
             so that no microbatch is empty.
+        schedule: ``gpipe``, or ``1f1b`` to order the ``stages`` stages'
+            forwards after earlier backwards (``one_f_one_b``); 1F1B computes
+            each microbatch's weight gradients with its backward, since
+            deferring them would keep every microbatch's activations.
 
     Returns:
         The metrics, as Keras's ``train_step`` returns them.
@@ -137,7 +143,8 @@ def train_step(model: keras.Model, data: Any, microbatches: int, sequential: boo
     total = tf.cast(tf.shape(_first_tensor(x))[0], tf.float32)
     kept_total = None if keep is None else tf.reduce_sum(keep)
     weights = model.trainable_weights
-    deferred = None if sequential else DeferredWeightGradients()
+    gates = StageGates(stages) if schedule == "1f1b" else None
+    deferred = None if sequential or gates is not None else DeferredWeightGradients()
     accumulated: list[Any] = [None] * len(weights)
     predictions = []
     tapes = []
@@ -147,8 +154,9 @@ def train_step(model: keras.Model, data: Any, microbatches: int, sequential: boo
     ):
         if previous:
             xi = _waits_for(previous, xi)
-        with tf.name_scope(microbatch_scope_name(index)):
-            with tf.GradientTape(persistent=deferred is not None) as tape:
+        with tf.name_scope(microbatch_scope_name(index)) as scope:
+            with (tf.GradientTape(persistent=deferred is not None) as tape,
+                  one_f_one_b.forward(gates, index)):
                 y_pred = model(xi, training=True) if model._call_has_training_arg else model(xi)
                 loss = model._compute_loss(
                     x=xi, y=yi, y_pred=y_pred, sample_weight=wi, training=True
@@ -164,12 +172,13 @@ def train_step(model: keras.Model, data: Any, microbatches: int, sequential: boo
                 loss = loss * tf.cast(share, loss.dtype)
                 if model.optimizer is not None:
                     loss = model.optimizer.scale_loss(loss)
-            if deferred is None:
-                gradients = tape.gradient(loss, weights)
-            else:
-                with deferred.recording(index):
+            with one_f_one_b.backward(gates, index, scope):
+                if deferred is None:
                     gradients = tape.gradient(loss, weights)
-        accumulated = [_add(a, g) for a, g in zip(accumulated, gradients, strict=True)]
+                else:
+                    with deferred.recording(index):
+                        gradients = tape.gradient(loss, weights)
+                accumulated = [_add(a, g) for a, g in zip(accumulated, gradients, strict=True)]
         predictions.append(y_pred)
         tapes.append(tape)
         if sequential:

@@ -1,4 +1,4 @@
-"""Pipeline schedules: the GPipe bound, and recorded timelines (pure Python).
+"""Pipeline schedules: the GPipe bound, the 1F1B order, and recorded timelines (pure Python).
 
 A timeline is a list of ``Interval`` records, one per (step, microbatch,
 stage, phase), in seconds. It is written as a Chrome trace (open it in
@@ -38,6 +38,83 @@ def gpipe_speedup_bound(microbatches: int, stages: int) -> float:
 def bubble_fraction(microbatches: int, stages: int) -> float:
     """The share of each device's time idle in a GPipe step of equal stages."""
     return (stages - 1) / (microbatches + stages - 1)
+
+
+def one_f_one_b_order(microbatches: int, stages: int) -> list[list[tuple[str, int]]]:
+    """Each stage's work in 1F1B (PipeDream-flush, arXiv 2006.09503) order.
+
+    Stage ``k`` runs ``stages - k`` warm-up forwards, then alternates one
+    backward and one forward, then drains the backwards, so it never holds
+    more than ``stages - k`` microbatches' activations.
+
+    Returns:
+        Per stage, ``("F", m)`` and ``("B", m)`` in the order they run.
+    """
+    orders = []
+    for stage in range(stages):
+        warmup = min(stages - stage, microbatches)
+        order = [("F", m) for m in range(warmup)]
+        for m in range(microbatches):
+            order.append(("B", m))
+            if m + warmup < microbatches:
+                order.append(("F", m + warmup))
+        orders.append(order)
+    return orders
+
+
+def forward_waits_for(microbatch: int, stage: int, stages: int) -> int | None:
+    """The microbatch whose backward on ``stage`` the forward of ``microbatch``
+    there waits for under 1F1B (``None``: a warm-up forward waits for nothing).
+
+    It is the constraint that bounds the stage's activations: at most
+    ``stages - stage`` microbatches are between their forward and backward.
+    """
+    waited = microbatch - (stages - stage)
+    return waited if waited >= 0 else None
+
+
+def activations_in_flight(order: Sequence[tuple[str, int]]) -> int:
+    """The most microbatches between forward and backward at once in a stage's order."""
+    alive, peak = 0, 0
+    for phase, _ in order:
+        alive += 1 if phase == "F" else -1
+        peak = max(peak, alive)
+    return peak
+
+
+def scheduled_step_seconds(microbatches: int, stages: int, slowest_stage: float) -> float:
+    """The step time a pipeline schedule allows: ``(M + K - 1)`` slots of the
+    slowest stage's time per microbatch (forward and backward)."""
+    return (microbatches + stages - 1) * slowest_stage
+
+
+def stage_seconds_per_microbatch(
+    ops: Iterable[tuple[str, str, int, int]], steps: int, microbatches: int
+) -> dict[int, float]:
+    """Each stage's busy time per microbatch (forward + backward op time), from
+    profiled (node name, op type, start ns, end ns) of ``steps`` steps.
+
+    Busy time is summed op time, not an interval's span, so microbatches that
+    overlap on other stages do not stretch it; hybridpar's deferred weight
+    gradients (``weight_gradients/`` of ``stage<k>``) count on their stage.
+    """
+    busy: dict[int, float] = {}
+    for name, op_type, start, end in ops:
+        where = classify_op(name, op_type)
+        stage = where[1] if where is not None else _deferred_stage(name, op_type)
+        if stage is not None:
+            busy[stage] = busy.get(stage, 0.0) + (end - start) / 1e9
+    return {stage: total / steps / microbatches for stage, total in sorted(busy.items())}
+
+
+_DEFERRED_OP = re.compile(r"(?:^|/)weight_gradients_stage(\d+)(?:_\d+)?/")
+
+
+def _deferred_stage(name: str, op_type: str) -> int | None:
+    if "replica_" in name or op_type in BOOKKEEPING_OPS:
+        return None
+    match = _DEFERRED_OP.search(name)
+    return None if match is None else int(match[1])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,6 +39,8 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.framework import ops
 
+from hybridpar.parallel.staging import STAGE_SCOPE_RE
+
 _PASS_THROUGH = ("Identity", "Cast", "Reshape")
 
 
@@ -112,7 +114,7 @@ class DeferredWeightGradients:
         targets: dict[int, tuple[list[tf.Tensor], list[tf.Tensor]]] = {}
         for reads in self._reads.values():
             first = reads[0]
-            with tf.device(first.output_gradients.device), tf.name_scope("weight_gradients"):
+            with tf.device(first.output_gradients.device), tf.name_scope(_scope(first)):
                 product = tf.matmul(
                     tf.concat([read.activations for read in reads], 0),
                     tf.concat([read.output_gradients for read in reads], 0),
@@ -126,6 +128,13 @@ class DeferredWeightGradients:
             routed = tapes[microbatch].gradient(reads_of, list(weights), output_gradients=products)
             total = [_sum(a, b) for a, b in zip(total, routed, strict=True)]
         return total
+
+
+def _scope(read: _Read) -> str:
+    """``weight_gradients_stage<k>`` for a read of a stage-``k`` layer (profiles
+    attribute the product to its stage), else ``weight_gradients``."""
+    marker = STAGE_SCOPE_RE.search(read.weight.name)
+    return "weight_gradients" if marker is None else f"weight_gradients_stage{marker[1]}"
 
 
 def _sum(total: Any, gradient: Any) -> Any:

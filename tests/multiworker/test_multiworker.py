@@ -265,9 +265,12 @@ def test_workers_given_different_cluster_specs_fail_fast(tmp_path):
     assert all("TF_CONFIG cluster specs differ between tasks" in err for err in outputs)
 
 
-def test_hybrid_2_workers_x_2_stages_pipelined_trains_like_one_device(tmp_path, digits_data_dir):
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_hybrid_2_workers_x_2_stages_pipelined_trains_like_one_device(
+    schedule, tmp_path, digits_data_dir
+):
     script = SCRIPT.with_name("train_hybrid.py")
-    command = [sys.executable, str(script), "--data_dir", digits_data_dir]
+    command = [sys.executable, str(script), "--data_dir", digits_data_dir, "--schedule", schedule]
     result = subprocess.run(
         [*launch_command(), "--workers", "2", "--timeout", "240", "--",
          *command, "--out", str(tmp_path / "cluster")],

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from model_checks import max_weight_difference, single_device_twin
+from model_checks import max_weight_difference, single_device_twin, tiny_keras_hub, token_batch
 
 import hybridpar
 
@@ -65,24 +65,15 @@ def test_keras_applications_cut_in_two_train_like_one_device(application):
     trains_like_one_device(build, *images())
 
 
-def tokens(vocabulary: int = 50, length: int = 8):
-    rng = np.random.default_rng(0)
-    ids = rng.integers(1, vocabulary, (2 * BATCH, length)).astype("int32")
-    return {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype=bool)}, ids
-
-
-def tiny(cls):
-    keras_hub = pytest.importorskip("keras_hub", reason="keras_hub is not installed in the venv")
-    return getattr(keras_hub.models, cls)(
-        vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=16,
-        max_sequence_length=8, dropout=0.0)
+def tokens():
+    return token_batch(2 * BATCH)
 
 
 def test_keras_hub_bert_cut_in_two_trains_like_one_device():
     pytest.importorskip("keras_hub", reason="keras_hub is not installed in the venv")
 
     def build():
-        backbone = tiny("BertBackbone")
+        backbone = tiny_keras_hub("BertBackbone")
         head = keras.layers.Dense(3, name="classifier")(backbone.output["pooled_output"])
         return keras.Model(backbone.input, head)
 
@@ -95,7 +86,7 @@ def test_keras_hub_gpt2_tied_embedding_is_placed_once():
     pytest.importorskip("keras_hub", reason="keras_hub is not installed in the venv")
 
     def build():  # GPT2CausalLM's graph: the backbone, then its token embedding reversed
-        backbone = tiny("GPT2Backbone")
+        backbone = tiny_keras_hub("GPT2Backbone")
         logits = backbone.token_embedding(backbone(backbone.input), reverse=True)
         return keras.Model(backbone.input, logits)
 

@@ -58,25 +58,31 @@ def single_device(digits_data_dir):
     return weights(train({"data_parallel": {"mode": "none"}}, digits_data_dir))
 
 
-def test_2x2_with_4_microbatches_trains_like_one_device(single_device, digits_data_dir):
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_2x2_with_4_microbatches_trains_like_one_device(schedule, single_device, digits_data_dir):
     config = {
         "data_parallel": {"mode": "mirrored"},
-        "model_parallel": {"stages": 2, "placement": RULES, "microbatches": 4},
+        "model_parallel": {"stages": 2, "placement": RULES, "microbatches": 4,
+                           "schedule": schedule},
     }
     difference = max_difference(single_device, weights(train(config, digits_data_dir)))
-    assert difference <= 1e-5, f"max abs weight difference {difference:.3g}"
+    assert difference <= 1e-5, f"{schedule}: max abs weight difference {difference:.3g}"
 
 
-@pytest.mark.parametrize("microbatches", [1, 2, 4, 8])
+@pytest.mark.parametrize("microbatches, schedule",
+                         [(1, "gpipe"), (2, "gpipe"), (4, "gpipe"), (8, "gpipe"),
+                          (2, "1f1b"), (8, "1f1b")])
 def test_1x2_stages_train_alike_for_any_microbatch_count(
-    microbatches, single_device, digits_data_dir
+    microbatches, schedule, single_device, digits_data_dir
 ):
     config = {
         "data_parallel": {"mode": "none"},
-        "model_parallel": {"stages": 2, "placement": RULES, "microbatches": microbatches},
+        "model_parallel": {"stages": 2, "placement": RULES, "microbatches": microbatches,
+                           "schedule": schedule},
     }
     difference = max_difference(single_device, weights(train(config, digits_data_dir)))
-    assert difference <= 1e-5, f"M={microbatches}: max abs weight difference {difference:.3g}"
+    assert difference <= 1e-5, (f"M={microbatches}, {schedule}: max abs weight difference "
+                                f"{difference:.3g}")
 
 
 def test_gradient_accumulation_equals_the_large_batch_step(single_device, digits_data_dir):
@@ -158,6 +164,27 @@ def test_timeline_shows_the_pipelined_schedule(digits_data_dir, tmp_path):
             assert backward_1.start <= backward_0.end
             assert forward_1.end <= backward_1.end
             assert all(i.start <= i.end for i in (forward_0, forward_1, backward_0, backward_1))
+
+
+def test_1f1b_timeline_shows_each_forward_after_the_backward_it_waits_for(
+    digits_data_dir, tmp_path
+):
+    """Measured, not built: on stage k the profiled forward of microbatch m starts after
+    the backward of m - (2 - k) ends, so stage k never holds more than 2 - k microbatches."""
+    config = {
+        "data_parallel": {"mode": "none"},
+        "model_parallel": {"stages": 2, "placement": RULES, "microbatches": 4,
+                           "schedule": "1f1b"},
+    }
+    timeline = hybridpar.pipeline.PipelineTimeline(tmp_path, steps=2)
+    train(config, digits_data_dir, callbacks=[timeline], epochs=1)
+    span = {(i.step, i.microbatch, i.stage, i.phase): i for i in timeline.intervals}
+    assert len(span) == 2 * 4 * 2 * 2
+    for step in (1, 2):
+        for stage in (0, 1):
+            for m in range(2 - stage, 4):
+                waited = span[step, m - (2 - stage), stage, "backward"]
+                assert span[step, m, stage, "forward"].start >= waited.end, (step, stage, m)
 
 
 def test_pipelined_step_computes_each_dense_weight_gradient_once():

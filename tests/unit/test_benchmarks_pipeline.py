@@ -30,3 +30,13 @@ def test_matmul_phases_split_forward_and_backward_per_step():
     ]
     phases = pipeline.matmul_phases(ops, steps=2)
     assert phases == {"forward": pytest.approx(0.002), "backward": pytest.approx(0.004)}
+
+
+def test_schedule_efficiency_is_the_allowed_step_over_the_measured_one():
+    # M=4, K=2: 5 slots of the slowest stage's 10 ms allow 50 ms; 62.5 ms measured
+    assert pipeline.schedule_efficiency(4, {0: 0.008, 1: 0.010}, 0.0625) == pytest.approx(0.8)
+
+
+def test_variants_compare_the_schedules_at_m4_and_m8():
+    assert set(pipeline.VARIANTS) >= {(4, "gpipe"), (4, "1f1b"), (8, "gpipe"), (8, "1f1b")}
+    assert (1, "1f1b") not in pipeline.VARIANTS  # 1F1B needs microbatches > 1

@@ -326,3 +326,27 @@ def test_evaluator_section_defaults_and_ranges():
         StrategyConfig().override({"evaluator.timeout_seconds": -1})
     with pytest.raises(ConfigError, match='Did you mean "evaluator.log_dir"'):
         StrategyConfig.from_dict({"evaluator": {"logdir": "x"}})
+
+
+def test_model_parallel_schedule_defaults_to_gpipe_and_takes_1f1b():
+    assert StrategyConfig().model_parallel.schedule == "gpipe"
+    config = StrategyConfig().override({"model_parallel.stages": 2,
+                                        "model_parallel.microbatches": 4,
+                                        "model_parallel.schedule": "1f1b"})
+    assert config.model_parallel.schedule == "1f1b"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"model_parallel.schedule": "1fb1"}, r"one of 'gpipe', '1f1b'\. Received: '1fb1'\. "
+                                              r"Did you mean \"1f1b\"\?"),
+        ({"model_parallel.schedule": "1f1b", "model_parallel.microbatches": 4},
+         r"needs model_parallel.stages > 1 .*stages=1, microbatches=4"),
+        ({"model_parallel.schedule": "1f1b", "model_parallel.stages": 2},
+         r"model_parallel.microbatches > 1\. Received: stages=2, microbatches=1"),
+    ],
+)
+def test_model_parallel_schedule_bad_input(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        StrategyConfig().override(overrides)

@@ -2,7 +2,7 @@
 
 Each worker trains one 2-stage model-parallel replica of a small transformer
 over its two logical CPUs (HYBRIDPAR_LOGICAL_CPUS=2), pipelined over 2
-microbatches; without TF_CONFIG it
+microbatches (``--schedule gpipe | 1f1b``); without TF_CONFIG it
 trains on one device as the reference. Writes `<out>/<task>.json` with the
 final weights and the local device of every variable and optimizer slot.
 """
@@ -37,6 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--data_dir", required=True)
+    parser.add_argument("--schedule", default="gpipe", choices=("gpipe", "1f1b"))
     args = parser.parse_args()
     task = os.environ.get("HYBRIDPAR_TASK", "single")
 
@@ -47,7 +48,8 @@ def main() -> None:
         "data": {"global_batch_size": 64, "shard_policy": "data"},
         "data_parallel": {"mode": "multi_worker" if clustered else "none"},
         "model_parallel": (
-            {"stages": 2, "placement": RULES, "microbatches": 2} if clustered else {}
+            {"stages": 2, "placement": RULES, "microbatches": 2, "schedule": args.schedule}
+            if clustered else {}
         ),
         "communication": {"timeout_seconds": 120},
     }
