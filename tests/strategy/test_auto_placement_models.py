@@ -1,8 +1,8 @@
-"""Models nobody here wrote, cut 2 ways by ``placement: auto``, train like one device.
+"""Models nobody here wrote, cut 2 or 4 ways by ``placement: auto``, train like one device.
 
 keras.applications ResNet50V2 and MobileNetV2 (weights=None, 32x32 inputs) and
 keras_hub BERT and GPT-2 backbones built from tiny configs (no downloads). Each
-trains without microbatches on 2 logical CPUs (``mode: none``, 2 stages) and on
+trains without microbatches on 2 or 4 logical CPUs (``mode: none``, one stage each) and on
 no strategy from the same weights; the weights must agree within 1e-5, as the
 pipeline equivalence tests ask. The transformers take two SGD steps, the
 convolutional networks one: at 32x32 their last batch norms normalise 4
@@ -21,8 +21,11 @@ import hybridpar
 
 pytestmark = [pytest.mark.strategy, pytest.mark.slow]
 
-CONFIG = {"data_parallel": {"mode": "none"}, "model_parallel": {"stages": 2}}
 BATCH = 4
+
+
+def staged(stages: int) -> dict:
+    return {"data_parallel": {"mode": "none"}, "model_parallel": {"stages": stages}}
 
 
 def compile_kwargs() -> dict:
@@ -30,9 +33,9 @@ def compile_kwargs() -> dict:
             "loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}
 
 
-def trains_like_one_device(build, x, y) -> hybridpar.HybridStrategy:
+def trains_like_one_device(build, x, y, stages: int = 2) -> hybridpar.HybridStrategy:
     keras.utils.set_random_seed(5)
-    with hybridpar.scope(CONFIG) as hs:
+    with hybridpar.scope(staged(stages)) as hs:
         model = build()
         model.compile(**compile_kwargs())
     twin = single_device_twin(build, model, compile_kwargs())
@@ -40,10 +43,9 @@ def trains_like_one_device(build, x, y) -> hybridpar.HybridStrategy:
         each.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     difference = max_weight_difference(twin.get_weights(), model.get_weights())
     assert difference <= 1e-5, f"max abs weight difference {difference:.3g}"
-    stages = {row.stage for row in hs.describe(model).layers}
-    assert stages == {0, 1}
+    assert {row.stage for row in hs.describe(model).layers} == set(range(stages))
     held = {tf.DeviceSpec.from_string(v.value.device).device_index for v in model.weights}
-    assert held == {0, 1}
+    assert held == set(range(stages))
     return hs, model
 
 
@@ -53,8 +55,9 @@ def images(classes: int = 10):
             rng.integers(0, classes, BATCH))
 
 
+@pytest.mark.parametrize("stages", [2, 4])
 @pytest.mark.parametrize("application", ["ResNet50V2", "MobileNetV2"])
-def test_keras_applications_cut_in_two_train_like_one_device(application):
+def test_keras_applications_cut_by_auto_train_like_one_device(application, stages):
     options = {"alpha": 0.35} if application == "MobileNetV2" else {}
 
     def build():
@@ -62,7 +65,7 @@ def test_keras_applications_cut_in_two_train_like_one_device(application):
             weights=None, input_shape=(32, 32, 3), classes=10, classifier_activation=None,
             **options)
 
-    trains_like_one_device(build, *images())
+    trains_like_one_device(build, *images(), stages=stages)
 
 
 def tokens():
