@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 RAY_STAMP := $(VENV)/.installed-ray
 PIP_INSTALL := $(BIN)/python -m pip install --quiet -c requirements/constraints.txt
 
-.PHONY: demo test test-fast lint bench gpu docs clean
+.PHONY: demo test test-fast test-versions lint bench gpu docs clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,29 @@ test: $(RAY_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25
 
+# Every other supported TensorFlow/Keras pair (hybridpar/compat/versions.py), each in an
+# environment pinned by requirements/versions/<pair>.txt: all the upstream reproductions
+# (a fix whose upstream behaviour is gone shows there), then a subset across the modes.
+VERSION_PAIRS := $(sort $(basename $(notdir $(wildcard requirements/versions/*.txt))))
+VERSION_TESTS := $(addprefix tests/strategy/,test_compat_upstream.py test_equivalence.py \
+	test_compat_scoping.py test_compat_parameter_server.py test_compat_steps.py \
+	test_pipeline.py test_zero.py test_compression.py test_checkpoints_in_one_process.py)
+
+.venv-versions/%/.installed: requirements/versions/%.txt pyproject.toml
+	$(PYTHON) -m venv .venv-versions/$*
+	.venv-versions/$*/bin/python -m pip install --quiet --upgrade "pip>=24"
+	.venv-versions/$*/bin/python -m pip install --quiet -c $< -e . pytest pytest-xdist portpicker
+	touch $@
+
+test-versions: $(VERSION_PAIRS:%=.venv-versions/%/.installed)
+	for pair in $(VERSION_PAIRS); do \
+		echo "== $$pair" && \
+		.venv-versions/$$pair/bin/python -m pytest -q -n 2 -p no:cacheprovider -m upstream tests && \
+		.venv-versions/$$pair/bin/python -m pytest -q -n 2 -p no:cacheprovider -m "not upstream" \
+			$(VERSION_TESTS) \
+		|| exit 1; \
+	done
+
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not multiworker and not keras_suite and not ray"
 
@@ -50,4 +73,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 
 clean:
-	rm -rf $(VENV) runs site .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .venv-versions runs site .pytest_cache .ruff_cache *.egg-info

@@ -33,7 +33,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under pytest-xdist (`make test` runs two workers), every Ray test goes to one worker,
     so the session starts one Ray cluster, and the longest tests are handed out first (the
     zoo's CNNs and the Keras suite, minutes each, left last made the run wait on one worker).
+    Every ``test_upstream_*`` is marked ``upstream`` (``make test-versions`` selects them).
     """
+    for item in items:
+        if item.name.startswith("test_upstream_"):
+            item.add_marker(pytest.mark.upstream)
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:

@@ -73,7 +73,7 @@ from hybridpar.compat.patching import (
     known,
     uninstall,
 )
-from hybridpar.compat.versions import VERIFIED_KERAS, VERIFIED_TF, check_versions
+from hybridpar.compat.versions import SUPPORTED, check_versions, matrix
 
 
 def describe() -> str:
@@ -84,7 +84,7 @@ def describe() -> str:
     active = {fix.name for fix in known() if is_installed(fix)}
     lines = [
         f"hybridpar Keras/TF fixes (TensorFlow {tf.__version__}, Keras {keras.__version__}; "
-        f"verified on TensorFlow {', '.join(VERIFIED_TF)}, Keras {', '.join(VERIFIED_KERAS)})"
+        f"verified on {matrix()})"
     ]
     for fix in known():
         if not fix.patches and not fix.part_of:
@@ -98,8 +98,7 @@ def describe() -> str:
 
 
 __all__ = [
-    "VERIFIED_KERAS",
-    "VERIFIED_TF",
+    "SUPPORTED",
     "Fix",
     "check_versions",
     "describe",
