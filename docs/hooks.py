@@ -3,11 +3,15 @@
 - ``<!-- hybridpar:configuration -->`` becomes the configuration reference,
   read from the config sections (``hybridpar.config.reference``);
 - ``<!-- hybridpar:cli NAME ARGS -->`` becomes the ``--help`` output of
-  ``hybridpar NAME ARGS``, run in a child process.
+  ``hybridpar NAME ARGS``, run in a child process;
+- ``<!-- hybridpar:fixes -->`` becomes the table of every fix's record
+  (``hybridpar.compat.fix_table``; importing ``hybridpar.compat`` loads TensorFlow,
+  so only a page holding the marker pays for it).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -15,6 +19,7 @@ import sys
 from hybridpar.config.reference import markdown_reference
 
 CLI_MARKER = re.compile(r"<!-- hybridpar:cli ([\w -]+) -->")
+FIXES_MARKER = "<!-- hybridpar:fixes -->"
 
 
 def _cli_help(arguments: str) -> str:
@@ -29,4 +34,10 @@ def _cli_help(arguments: str) -> str:
 def on_page_markdown(markdown: str, **_: object) -> str:
     """Replaces the markers of generated content (MkDocs calls it for every page)."""
     markdown = markdown.replace("<!-- hybridpar:configuration -->", markdown_reference())
+    if FIXES_MARKER in markdown:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # TensorFlow's import banner
+        from hybridpar import compat
+        from hybridpar.compat.fix_table import markdown_table
+
+        markdown = markdown.replace(FIXES_MARKER, markdown_table(compat.known()))
     return CLI_MARKER.sub(lambda match: _cli_help(match.group(1)), markdown)

@@ -53,3 +53,13 @@ def test_the_api_reference_renders_the_public_names(site):
                  "hybridpar.config.StrategyConfig", "hybridpar.startup.initialize"):
         assert f'id="{name}"' in text
     assert not (site / "hooks.py").exists()
+
+
+def test_the_fixes_page_lists_every_registered_fix(site):
+    from hybridpar import compat
+
+    page = (site / "fixes" / "index.html").read_text()
+    names = [fix.name for fix in compat.known()]
+    assert len(names) >= 30
+    missing = [name for name in names if f"<td><code>{name}</code></td>" not in page]
+    assert not missing, f"fixes missing from the fixes page's table: {missing}"
