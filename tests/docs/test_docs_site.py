@@ -2,9 +2,9 @@
 
 Strict mode turns every warning into a failure: a broken link, a page missing
 from the nav, an API reference (``::: hybridpar...``) naming nothing. The
-configuration reference and the CLI page are generated at build time
-(``docs/hooks.py``), so the test also checks that they hold every config key
-and each command's flags.
+configuration reference, the CLI page and the fixes table are generated at build time
+(``docs/hooks.py``), so the test also checks that they hold every config key,
+each command's flags and every known fix.
 """
 
 import html
@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from hybridpar.compat import known
 from hybridpar.config.reference import reference_rows
 
 pytest.importorskip("mkdocs", reason="the docs extra is not installed")
@@ -45,6 +46,15 @@ def test_the_cli_page_holds_each_commands_help(site):
     text = page_text(site, "cli")
     for flag in ("--config", "--logical_cpus", "--workers", "--max-restarts", "--index", "--to"):
         assert flag in text
+
+
+def test_the_fixes_page_has_an_anchored_row_for_every_known_fix(site):
+    page = (site / "fixes" / "index.html").read_text()
+    names = [fix.name for fix in known()]
+    assert len(names) >= 30, names
+    missing = [name for name in names if f'<span id="{name}"></span>' not in page]
+    assert not missing, f"fixes missing from the generated fixes table: {missing}"
+    assert "hybridpar:fixes" not in page  # the marker was replaced, not left as a comment
 
 
 def test_the_api_reference_renders_the_public_names(site):

@@ -34,3 +34,21 @@ def test_every_docs_page_the_readme_links_is_in_the_site_nav():
     pages = {m.group(1).removeprefix("docs/") for m in LINK.finditer(README)
              if m.group(1).startswith("docs/") and m.group(1).endswith(".md")}
     assert pages and all(f": {page}" in nav for page in pages), sorted(pages)
+
+
+def slug(heading: str) -> str:
+    """The anchor MkDocs's toc gives a heading (its default slugify)."""
+    text = re.sub(r"[^\w\s-]", "", heading.strip().lower())
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def test_every_anchor_the_readme_links_is_a_heading_of_its_page():
+    links = [(m.group(1), m.group(2)[1:]) for m in LINK.finditer(README)
+             if m.group(2) and m.group(1).endswith(".md")]
+    assert links, "the README links no section of a page"
+    broken = []
+    for target, anchor in links:
+        headings = re.findall(r"^#+ (.+)$", (ROOT / target).read_text(), re.MULTILINE)
+        if anchor not in {slug(heading) for heading in headings}:
+            broken.append(f"{target}#{anchor}")
+    assert not broken, f"README links to missing sections: {broken}"
