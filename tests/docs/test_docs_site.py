@@ -57,6 +57,12 @@ def test_the_fixes_page_has_an_anchored_row_for_every_known_fix(site):
     assert "hybridpar:fixes" not in page  # the marker was replaced, not left as a comment
 
 
+def test_the_fixes_page_explains_every_known_fix_in_prose():
+    details = (ROOT / "docs" / "fixes.md").read_text().split("## What each fix corrects", 1)[1]
+    missing = [fix.name for fix in known() if f"`{fix.name}`" not in details]
+    assert not missing, f"fixes with no paragraph in docs/fixes.md: {missing}"
+
+
 def test_the_api_reference_renders_the_public_names(site):
     text = (site / "reference" / "hybridpar" / "index.html").read_text()
     for name in ("hybridpar.hybrid.scope", "hybridpar.hybrid.HybridStrategy",
