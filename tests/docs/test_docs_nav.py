@@ -1,8 +1,8 @@
 """Every page in docs/ is in the site's nav, and every nav entry is a page.
 
-MkDocs only warns (``validation.omitted_files``) about a page left out of the
-nav, and ``exclude_docs`` can hide one: a page written but not linked is one no
-reader finds. Plain file checks: no TensorFlow, no MkDocs.
+A page written but not in the nav is one no reader finds. The strict site
+build catches it too (``validation.omitted_files``), but only where the docs
+extra is installed; these are plain file checks: no TensorFlow, no MkDocs.
 """
 
 import pathlib
