@@ -66,9 +66,7 @@ def test_ray_train_after_trains_like_one_device(ray_address, tmp_path, reference
 
 
 def test_ray_train_tf_keras_before_trains_like_the_after(ray_address, tmp_path, reference):
-    done = run(str(GUIDES / "ray_train" / "before.py"), "--out", str(tmp_path),
-               "--address", ray_address)
-    assert "final loss:" in done.stdout
+    run(str(GUIDES / "ray_train" / "before.py"), "--out", str(tmp_path), "--address", ray_address)
     workers = results(tmp_path)
     assert set(workers) == {"worker-0", "worker-1"}
     for worker in workers.values():
