@@ -4,11 +4,13 @@
 
 Prints one JSON line: whether a Keras 3 model trains in a hybridpar scope, and
 what ``tf.keras`` raises inside the scope and outside it (twice) while the
-strategy is alive. tests/strategy/test_compat_upstream.py reads it.
+strategy is alive, with tf_keras hidden as if it were not installed.
+tests/strategy/test_compat_upstream.py reads it.
 """
 
 import json
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
@@ -18,6 +20,8 @@ import numpy as np
 import tensorflow as tf
 
 import hybridpar
+
+sys.modules["tf_keras"] = None  # as without tf_keras (the test extra installs it)
 
 
 def attempt(build) -> str:
