@@ -1,10 +1,11 @@
 """hybridpar under TF_USE_LEGACY_KERAS=1 (as Ray Train sets it), in a fresh process.
 
-    python legacy_keras.py
+    python legacy_keras.py [installed]
 
 Prints one JSON line: whether a Keras 3 model trains in a hybridpar scope, and
 what ``tf.keras`` raises inside the scope and outside it (twice) while the
-strategy is alive, with tf_keras hidden as if it were not installed.
+strategy is alive: with tf_keras hidden as if it were not installed, or with
+``installed``, with the tf_keras the test extra installs.
 tests/strategy/test_compat_upstream.py reads it.
 """
 
@@ -21,7 +22,8 @@ import tensorflow as tf
 
 import hybridpar
 
-sys.modules["tf_keras"] = None  # as without tf_keras (the test extra installs it)
+if sys.argv[1:] != ["installed"]:
+    sys.modules["tf_keras"] = None  # as without tf_keras (the test extra installs it)
 
 
 def attempt(build) -> str:

@@ -81,6 +81,16 @@ def test_keras_3_trains_under_legacy_keras_and_tf_keras_gets_an_explanation():
         assert "os.environ['TF_USE_LEGACY_KERAS'] = '0'" in outcome
 
 
+@pytest.mark.slow
+def test_with_tf_keras_installed_only_tf_keras_inside_the_scope_is_refused():
+    pytest.importorskip("tf_keras", reason="the test extra installs tf_keras")
+    result = run_case(UPSTREAM.with_name("legacy_keras.py"), "installed")
+    assert result["trained"] and result["mode"] == "none"
+    assert result["inside"].startswith("ImportError: tf.keras was used while TF_USE_LEGACY_KERAS=1")
+    assert "routes tf.keras to tf_keras (Keras 2); hybridpar trains Keras 3" in result["inside"]
+    assert result["outside"] == ["ok", "ok"]  # tf.keras outside the scope is tf_keras's
+
+
 def test_batches_are_split_evenly_and_a_cnn_trains(tmp_path):
     dataset = upstream_keras.conv_dataset(str(tmp_path))
     with hybridpar.scope({"data_parallel": {"mode": "mirrored"}}) as hs:
