@@ -83,7 +83,7 @@ def test_keras_3_trains_under_legacy_keras_and_tf_keras_gets_an_explanation():
 
 @pytest.mark.slow
 def test_with_tf_keras_installed_only_tf_keras_inside_the_scope_is_refused():
-    pytest.importorskip("tf_keras", reason="the test extra installs tf_keras")
+    pytest.importorskip("tf_keras", reason="tf_keras is not installed (the test extra installs it)")
     result = run_case(UPSTREAM.with_name("legacy_keras.py"), "installed")
     assert result["trained"] and result["mode"] == "none"
     assert result["inside"].startswith("ImportError: tf.keras was used while TF_USE_LEGACY_KERAS=1")
@@ -109,7 +109,10 @@ def test_predict_keeps_example_order_on_a_partial_batch(tmp_path):
     with hybridpar.scope({"data_parallel": {"mode": "mirrored"}}):
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     predicted = model.predict(dataset.map(lambda x, y: x), verbose=0)
-    np.testing.assert_allclose(predicted, model(upstream_keras.FEATURES).numpy(), rtol=1e-6)
+    # A reordered example is off by O(1); the absolute term absorbs the float rounding of
+    # a different batch shape on outputs near zero.
+    np.testing.assert_allclose(predicted, model(upstream_keras.FEATURES).numpy(),
+                               rtol=1e-6, atol=1e-6)
 
 
 def linear_fit(config: dict | None, dataset: tf.data.Dataset) -> list[np.ndarray]:
