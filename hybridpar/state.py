@@ -45,6 +45,25 @@ class Placer(Protocol):
         """Stage ``stage``'s device in the replica running now."""
 
 
+class Runner(Protocol):
+    """What runs ``fit``/``evaluate``/``predict`` instead of Keras's loops.
+
+    The parameter-server chief's (``strategies.ps_training``) and the
+    evaluator's (``strategies.evaluator``). ``fit`` gets its arguments by name,
+    bound by Keras's own signature (``hybridpar.training.fit_arguments``);
+    ``evaluate`` and ``predict`` get the caller's.
+    """
+
+    def fit(self, model: Any, arguments: dict[str, Any]) -> Any:
+        """``model.fit`` with ``arguments`` (every parameter of Keras's ``fit``)."""
+
+    def evaluate(self, model: Any, *args: Any, **kwargs: Any) -> Any:
+        """``model.evaluate(*args, **kwargs)``."""
+
+    def predict(self, model: Any, *args: Any, **kwargs: Any) -> Any:
+        """``model.predict(*args, **kwargs)``."""
+
+
 @dataclasses.dataclass(eq=False)
 class StrategyState:
     """Everything hybridpar keeps about one of its strategies.
@@ -54,9 +73,12 @@ class StrategyState:
         plan: mode, device mesh and worker count, checked against the runtime.
         cluster: the TF_CONFIG cluster, or ``None`` for a single process.
         placer: where each model-parallel stage's variables and ops go.
+        trainer: what Keras's trainer methods run for the strategy's models
+            (``hybridpar.training.Trainer``, reached through
+            ``compat.trainer_hooks``); set when the strategy is built.
         runner: what runs ``fit``/``evaluate``/``predict`` of the strategy's
-            models instead of Keras (``compat.runner_routing``): the
-            parameter-server chief's, or the evaluator's; ``None`` elsewhere.
+            models instead of Keras's loops: the parameter-server chief's, or
+            the evaluator's; ``None`` elsewhere.
         preemption: the preemption watcher, once ``fit`` created one.
         compression: ``communication.compression`` at work
             (``hybridpar.parallel.compression.GradientCompression``), or
@@ -69,7 +91,8 @@ class StrategyState:
     plan: Plan
     cluster: ClusterInfo | None
     placer: Placer
-    runner: Any = None
+    trainer: Any = None
+    runner: Runner | None = None
     preemption: Any = None
     compression: Any = None
     zero: Any = None

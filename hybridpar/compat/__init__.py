@@ -1,24 +1,28 @@
 """Hooks into Keras/TensorFlow internals, one module per upstream behaviour.
 
 Each module names the behaviour it corrects (with the upstream issue where
-one exists) and registers a ``patching.Fix``. Most are patches of
-Keras/TensorFlow attributes (``symbolic_build``, ``replica_share``,
-``gradient_all_reduce``, ``metric_reduction``, ``unbatched_input``,
-``chief_files``, ``microbatch_step``, ``legacy_keras``,
-``gradient_compression``, ``optional_outputs``, ``padded_steps``,
-``sync_batch_norm``, ``sharded_optimizer`` (ZeRO stage 1), ``model_scope``
-(models built outside the scope), the
-stage hooks ``stage_marks``/``stage_calls``/``stage_gradients``/
-``weight_gradient_split``, and the parameter-server fixes ``shard_views``,
-``sharded_embedding``, ``sharded_numpy``, ``atomic_updates``, and
-``runner_routing``, which sends ``fit``/``evaluate``/``predict`` to the
-parameter-server chief's or the evaluator's runner): each patched function
-first asks whether the model or strategy at hand is hybridpar's and
-otherwise calls the original with the same arguments. They are installed
-while something needs them (see ``patching``) and ``uninstall()`` restores
-every original. ``step_loop`` and ``xla_replicas`` are the training loops
-``optional_outputs`` builds for owned models, and ``local_job`` tells what
-the parameter-server chief's connection stranded (``model_scope`` checks it).
+one exists) and registers a ``patching.Fix``. Keras's trainer methods
+(``fit``/``evaluate``/``predict``, the steps, the functions Keras traces,
+the symbolic build, the epoch iterator) are reached through one thin hook
+each, the table of ``trainer_hooks``, which hands them to the strategy's
+trainer (``hybridpar.training``); the fixes that are parts of that trainer
+(``runner_routing``, ``microbatch_step``, ``gradient_compression``,
+``padded_steps``, ``optional_outputs``, ``step_loop``, ``symbolic_build``,
+``unbatched_input``) hold the code it runs and name ``trainer_hooks`` in
+``part_of``; ``xla_replicas`` is the replicated ``jit_compile`` step they use.
+The others patch Keras/TensorFlow attributes of their own
+(``replica_share``, ``gradient_all_reduce``, ``metric_reduction``,
+``chief_files``, ``legacy_keras``, ``sync_batch_norm``,
+``sharded_optimizer`` (ZeRO stage 1), ``model_scope`` (models built outside
+the scope), the stage hooks ``stage_marks``/``stage_calls``/
+``stage_gradients``/``weight_gradient_split``, and the parameter-server
+fixes ``shard_views``, ``sharded_embedding``, ``sharded_numpy``,
+``atomic_updates``): each patched function first asks whether the model or
+strategy at hand is hybridpar's and otherwise calls the original with the
+same arguments. They are installed while something needs them (see
+``patching``) and ``uninstall()`` restores every original. ``local_job``
+tells what the parameter-server chief's connection stranded
+(``model_scope`` checks it).
 
 The other fixes are overrides in hybridpar's own code, which live in the
 layer that runs them: the collectives in ``hybridpar.parallel``
@@ -60,6 +64,7 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     step_loop,
     symbolic_build,
     sync_batch_norm,
+    trainer_hooks,
     unbatched_input,
     weight_gradient_split,
     xla_replicas,

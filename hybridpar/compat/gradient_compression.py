@@ -5,39 +5,21 @@ Not an upstream defect: ``tf.distribute`` has no gradient compression
 tensorflow/tensorflow#40468 was closed as stale). hybridpar compresses in its
 own gradient all-reduce (``gradient_all_reduce`` hands each stage group to
 ``hybridpar.parallel.compression``). PowerSGD needs per-replica variables
-(error memory and warm-start factors). ``make_train_function``, the point
-after Keras built the model and its optimizer (``fit``, ``train_on_batch``)
-and before the first trace, creates them eagerly for models under a strategy
+(error memory and warm-start factors). The trainer's ``make_train_function``
+(``hybridpar.training``), the point after Keras built the model and its
+optimizer (``fit``, ``train_on_batch``) and before the first trace, creates
+them eagerly for models under a strategy
 hybridpar built with ``compression: powersgd``, so that the traced step
 creates no variables. (A custom training loop gets them from its first step,
 through ``merge_call``; checkpoint restores create them too.)
 
-``make_train_function`` belongs to ``microbatch_step``'s patch, which runs
-``prepared`` last, just before Keras builds the function.
+It does so after ``microbatch_step``'s checks, just before Keras builds the
+function.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from hybridpar.compat.patching import Fix, guarded, register
-from hybridpar.state import state_of
-
-
-def _compresses(self, *args: Any, **kwargs: Any) -> bool:
-    state = state_of(self._distribute_strategy)
-    return state is not None and state.compression is not None
-
-
-def _prepare(original: Any) -> Any:
-    def make_train_function(self, *args, **kwargs):
-        state_of(self._distribute_strategy).compression.prepare(self)
-        return original(self, *args, **kwargs)
-
-    return make_train_function
-
-
-prepared = guarded(_prepare, _compresses)
+from hybridpar.compat.patching import Fix, register
 
 FIX = register(Fix(
     name="gradient_compression",
@@ -45,5 +27,5 @@ FIX = register(Fix(
              "exist before the train step is traced",
     group="core",
     upstream="tensorflow/tensorflow#40468",
-    part_of="microbatch_step",
+    part_of="trainer_hooks",
 ))

@@ -22,9 +22,9 @@ plain variable is what the strategy would make, so such a model trains as it
 is. ``evaluate`` and ``predict`` of a model built outside the scope only read
 its variables and give the single-device figures, so they pass.
 
-The checks of ``fit`` and ``predict`` run in the patches that own
-``make_train_function`` (``microbatch_step``) and ``make_predict_function``
-(``padded_steps``); this fix patches ``compile`` and ``make_test_function``.
+The checks of ``fit`` and ``predict`` run first in the hooks that own
+``make_train_function`` and ``make_predict_function`` (``trainer_hooks``);
+this fix patches ``compile`` and ``make_test_function``.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ here. With ``steps_per_execution == 1`` the Optional always holds a value
 (the end of the data is an ``OutOfRangeError`` from ``get_next``, which
 Keras's epoch iterator turns into the end of the epoch).
 
-For models under a strategy hybridpar built, ``_make_function`` builds the
-train and test functions here: with ``steps_per_execution == 1`` the traced
+For models under a strategy hybridpar built, the trainer's
+``_make_function`` (``hybridpar.training``, through ``trainer_hooks``) builds
+the train and test functions with ``make_function``: with ``steps_per_execution == 1`` the traced
 function returns the logs themselves; with more, the loop of
 ``step_loop`` runs; under replicated strategies, ``jit_compile=True`` goes
 through ``xla_replicas``. Everything else, and every model of another
@@ -26,11 +27,9 @@ from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
-from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
 from hybridpar.compat import step_loop, xla_replicas
-from hybridpar.compat.patching import Fix, Patch, register
-from hybridpar.state import state_of
+from hybridpar.compat.patching import Fix, register
 
 _ITERATORS = (tf.data.Iterator, tf.distribute.DistributedIterator)
 
@@ -58,16 +57,10 @@ def make_function(model: Any, step_function: Callable[[Any], Any]) -> Callable[[
     return function
 
 
-def _traced_replicated(self, *args, **kwargs) -> bool:
-    state = state_of(self._distribute_strategy)
-    return state is not None and state.mode != "parameter_server" and not self.run_eagerly
-
-
 FIX = register(Fix(
     name="optional_outputs",
     corrects="every training step's logs come back in a tf.experimental.Optional opened by "
              "two eager ops",
     group="core",
-    patches=(Patch(keras_tf_trainer.TensorFlowTrainer, "_make_function",
-                   lambda original: make_function, owns=_traced_replicated),),
+    part_of="trainer_hooks",
 ))

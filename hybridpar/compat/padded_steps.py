@@ -8,22 +8,21 @@ padding must then vanish again. Keras 3.15's own steps
 (``sample_weight=tf.shape(x)[0]``) and compiled ``metrics`` ignore sample
 weights, and ``predict`` concatenates every replica's rows.
 
-For models under a replicated strategy hybridpar built, when a replica holds
-a padded piece (its ``replica_share.Share`` has a keep mask):
+For models under a replicated strategy hybridpar built, the trainer
+(``hybridpar.training``, through ``trainer_hooks``) runs these when a replica
+holds a padded piece (its ``replica_share.Share`` has a keep mask):
 
-- ``TensorFlowTrainer.test_step`` gives padding sample weight 0, counts only
+- ``padded_test_step`` (the trainer's ``test_step``) gives padding sample weight 0, counts only
   the kept examples in the loss tracker and leaves padding out of the
   metrics (the train step does the same, ``microbatch_step``);
-- ``make_predict_function`` builds Keras's predict function with each
+- ``predict_function`` (the trainer's ``make_predict_function``) is Keras's
+  predict function with each
   replica's outputs cut to its kept rows, so ``predict`` returns exactly the
   input's rows, in order, whatever ``predict_step`` the model has; it is
   traced once for any batch size (Keras's traces again for a smaller final
   batch, a second trace of the whole model).
 
 Everything else, and every model of another strategy, runs Keras's own code.
-This fix owns the one patch of ``make_predict_function``: a model it does not
-build the function of goes on to ``model_scope``'s check, then to Keras's (one
-patch for both, as ``microbatch_step`` explains for ``make_train_function``).
 """
 
 from __future__ import annotations
@@ -37,16 +36,10 @@ from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 from keras.src.trainers.data_adapters import data_adapter_utils
 from tensorflow.python.distribute import values as distribute_values
 
-from hybridpar.compat import model_scope, replica_share
-from hybridpar.compat.patching import Fix, Patch, compose, guarded, register
+from hybridpar.compat import replica_share
+from hybridpar.compat.patching import Fix, register
 from hybridpar.data import balanced
 from hybridpar.parallel import pipeline
-from hybridpar.state import state_of
-
-
-def _keep() -> tf.Tensor | None:
-    share = replica_share.current_share()
-    return None if share is None else share.keep
 
 
 def padded_test_step(model: Any, data: Any, keep: tf.Tensor) -> Any:
@@ -64,17 +57,6 @@ def padded_test_step(model: Any, data: Any, keep: tf.Tensor) -> Any:
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 
-def _padded_piece(self, *args, **kwargs) -> bool:
-    return _keep() is not None and state_of(self._distribute_strategy) is not None
-
-
-def _owned_test_step(original: Any) -> Any:
-    def test_step(self, data):
-        return padded_test_step(self, data, _keep())
-
-    return test_step
-
-
 def predict_function(model: Any) -> Callable[[Any], Any]:
     """Keras 3.15's predict function, each replica's outputs cut to its kept rows."""
     strategy = model.distribute_strategy
@@ -85,7 +67,7 @@ def predict_function(model: Any) -> Callable[[Any], Any]:
     @tf.autograph.experimental.do_not_convert
     def one_step_on_data(data):
         outputs = predict_step(data)
-        keep = _keep()
+        keep = replica_share.current_keep()
         return outputs if keep is None else balanced.kept_rows(outputs, keep)
 
     one_step_on_data = model._autoconvert_optionals(one_step_on_data)
@@ -141,31 +123,10 @@ def _any_batch_size(data: Any) -> Any:
     return tf.nest.map_structure(spec_of, data)
 
 
-def _replicated(self, *args: Any, **kwargs: Any) -> bool:
-    state = state_of(self._distribute_strategy)
-    return state is not None and state.mode != "parameter_server"
-
-
-def _owned_predict_function(original: Any) -> Any:
-    def make_predict_function(self, force=False):
-        if self.predict_function is None or force:
-            self.predict_function = predict_function(self)
-        return self.predict_function
-
-    return make_predict_function
-
-
 FIX = register(Fix(
     name="padded_steps",
     corrects="Keras's test step and predict count every row, so padding that keeps replicas "
              "from being empty would enter the figures and the outputs",
     group="core",
-    patches=(
-        Patch(keras_tf_trainer.TensorFlowTrainer, "test_step", _owned_test_step,
-              owns=_padded_piece),
-        Patch(keras_tf_trainer.TensorFlowTrainer, "make_predict_function", compose(
-            guarded(_owned_predict_function, _replicated),
-            model_scope.checked_step("predict"),
-        )),
-    ),
+    part_of="trainer_hooks",
 ))

@@ -6,9 +6,7 @@ Fixes belong to a group, and a group is installed while something holds it:
 - ``core``: while any strategy hybridpar built is alive;
 - ``stages``: while a strategy with ``model_parallel.stages > 1`` is alive;
 - ``stage_marks``: while a ``hybridpar.stage()`` block is open;
-- ``parameter_server``: while a parameter-server strategy hybridpar built is alive;
-- ``runners``: while a strategy hybridpar built with a runner (the parameter-server
-  chief's, the evaluator's) is alive.
+- ``parameter_server``: while a parameter-server strategy hybridpar built is alive.
 
 Every patched function asks first whether the object at hand belongs to
 hybridpar and otherwise calls the original with the same arguments, so code
@@ -37,7 +35,7 @@ from typing import Any
 
 logger = logging.getLogger("hybridpar")
 
-GROUPS = ("core", "stages", "stage_marks", "parameter_server", "runners")
+GROUPS = ("core", "stages", "stage_marks", "parameter_server")
 _MISSING = object()
 
 

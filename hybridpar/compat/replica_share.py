@@ -83,6 +83,12 @@ def current_share() -> Share | None:
     return _share.get()
 
 
+def current_keep() -> tf.Tensor | None:
+    """The keep mask of the running replica's padded piece, or ``None`` (no padding)."""
+    share = _share.get()
+    return None if share is None else share.keep
+
+
 def _dynamic_batch(args: tuple[Any, ...]) -> tf.Tensor | None:
     """The first input tensor of a replica function's batch, if its leading size is dynamic."""
     if not args:

@@ -9,9 +9,10 @@ counterpart, so a script run on an ``evaluator`` task has nothing to call.
 
 A strategy hybridpar built may carry a runner in its ``StrategyState``: the
 parameter-server chief's (``strategies.ps_training``) or the evaluator's
-(``strategies.evaluator``). ``TensorFlowTrainer.fit``/``evaluate``/``predict``
-of a model under such a strategy call the runner's method of the same name;
-a runner runs Keras's own code inside ``keras_path()``.
+(``strategies.evaluator``). The trainer (``hybridpar.training``, reached
+through ``trainer_hooks``) sends ``fit``/``evaluate``/``predict`` of a model
+under such a strategy to the runner's method of the same name; a runner runs
+Keras's own code inside ``keras_path()``.
 """
 
 from __future__ import annotations
@@ -19,12 +20,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from typing import Any
 
-from keras.src.backend.tensorflow import trainer as keras_tf_trainer
-
-from hybridpar.compat.patching import Fix, Patch, register
-from hybridpar.state import state_of
+from hybridpar.compat.patching import Fix, register
 
 _keras_path: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "hybridpar_keras_path", default=False
@@ -41,20 +38,9 @@ def keras_path() -> Iterator[None]:
         _keras_path.reset(token)
 
 
-def _has_runner(self, *args, **kwargs) -> bool:
-    state = state_of(getattr(self, "_distribute_strategy", None))
-    return state is not None and state.runner is not None and not _keras_path.get()
-
-
-def _routed(name: str) -> Any:
-    def wrap(original: Any) -> Any:
-        def method(self, *args, **kwargs):
-            runner = state_of(self._distribute_strategy).runner
-            return getattr(runner, name)(self, *args, **kwargs)
-
-        return method
-
-    return wrap
+def on_keras_path() -> bool:
+    """True inside ``keras_path()``: ``fit``/``evaluate``/``predict`` run Keras's own code."""
+    return _keras_path.get()
 
 
 FIX = register(Fix(
@@ -62,7 +48,6 @@ FIX = register(Fix(
     corrects="Keras 3 has no parameter-server path (fit fails on the per-worker dataset) "
              "and no sidecar evaluation",
     upstream="keras-team/keras#18624",
-    group="runners",
-    patches=tuple(Patch(keras_tf_trainer.TensorFlowTrainer, name, _routed(name), owns=_has_runner)
-                  for name in ("fit", "evaluate", "predict")),
+    group="core",
+    part_of="trainer_hooks",
 ))

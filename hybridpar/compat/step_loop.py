@@ -36,6 +36,7 @@ FIX = register(Fix(
              "that graph cannot run",
     upstream="keras-team/keras#19246",
     group="core",
+    part_of="trainer_hooks",
 ))
 
 

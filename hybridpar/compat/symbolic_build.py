@@ -10,7 +10,9 @@ seed, (b) costs an extra iterator (prefetch fill) per call, and (c) raises
 under MultiWorkerMirroredStrategy, where reducing a nested PerReplica batch
 fails (keras-team/keras#20585). The symbolic build needs only shapes and
 dtypes, which the distributed dataset's ``element_spec`` already has; models
-under a strategy hybridpar built use it. The same spec shows a model input
+under a strategy hybridpar built use it: their trainer's
+``_maybe_symbolic_build`` (``hybridpar.training``, through ``trainer_hooks``)
+calls ``build_from_spec`` for a distributed dataset. The same spec shows a model input
 built with a fixed batch size that the replicas' batches do not have, which
 is refused there, before the first step, instead of failing in one
 replica's graph. It is also the last point before the symbolic build builds
@@ -24,14 +26,13 @@ from __future__ import annotations
 from typing import Any
 
 import tensorflow as tf
-from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 from keras.src.trainers.data_adapters import data_adapter_utils
 
-from hybridpar.compat.patching import Fix, Patch, register
+from hybridpar.compat.patching import Fix, register
 from hybridpar.data import balanced
 from hybridpar.errors import ConfigError
 from hybridpar.parallel import auto_placement
-from hybridpar.state import StrategyState, state_of
+from hybridpar.state import StrategyState
 
 
 def _per_replica_spec(spec: Any) -> Any:
@@ -87,27 +88,22 @@ def _microbatch(specs: Any, state: StrategyState) -> int:
     return max(1, batch // state.microbatches)
 
 
-def _owned_distributed(self, iterator=None, data_batch=None) -> bool:
-    return (state_of(self._distribute_strategy) is not None
-            and getattr(iterator, "_distributed_dataset", None) is not None)
+def build_from_spec(model: Any, dataset: Any, state: StrategyState) -> None:
+    """Keras's symbolic build of ``model`` from a distributed dataset's element spec.
 
-
-def _from_specs(original: Any) -> Any:
-    def maybe_symbolic_build(self, iterator=None, data_batch=None):
-        dataset = iterator._distributed_dataset
-        state = state_of(self._distribute_strategy)
-        specs = tf.nest.map_structure(
-            _per_replica_spec, dataset.element_spec, expand_composites=False
-        )
-        if isinstance(specs, balanced.ReplicaBatch):  # a balanced piece (even_batches)
-            specs = specs.data
-        check_fixed_batch(self, specs, state)
-        if all(layer.built for layer in self._flatten_layers()):
-            auto_placement.ensure_placed(self, state.placer, _microbatch(specs, state))
-        with self.distribute_strategy.scope():
-            self._symbolic_build(data_batch=specs)
-
-    return maybe_symbolic_build
+    Raises:
+        ConfigError: for a model input with a fixed batch size the replicas'
+            batches do not have (``check_fixed_batch``).
+    """
+    specs = tf.nest.map_structure(_per_replica_spec, dataset.element_spec,
+                                  expand_composites=False)
+    if isinstance(specs, balanced.ReplicaBatch):  # a balanced piece (even_batches)
+        specs = specs.data
+    check_fixed_batch(model, specs, state)
+    if all(layer.built for layer in model._flatten_layers()):
+        auto_placement.ensure_placed(model, state.placer, _microbatch(specs, state))
+    with model.distribute_strategy.scope():
+        model._symbolic_build(data_batch=specs)
 
 
 FIX = register(Fix(
@@ -116,6 +112,5 @@ FIX = register(Fix(
              "to learn shapes",
     upstream="keras-team/keras#20585",
     group="core",
-    patches=(Patch(keras_tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build", _from_specs,
-                   owns=_owned_distributed),),
+    part_of="trainer_hooks",
 ))

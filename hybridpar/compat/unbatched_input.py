@@ -5,8 +5,9 @@ epoch from the dataset it is given, before the strategy sees it. So:
 
 - a dataset of single examples has to be batched where ``fit``/``evaluate``/
   ``predict`` (and validation data) enter, for the progress bar to count the
-  real steps: hybridpar batches it by ``data.global_batch_size`` there, for
-  strategies it built; batched datasets pass unchanged;
+  real steps: the trainer of a strategy hybridpar built (``hybridpar.training``,
+  through ``trainer_hooks``) batches it there by ``data.global_batch_size``;
+  batched datasets pass unchanged;
 - under ``multi_worker`` with ``file`` or ``off`` sharding each worker steps
   through the pieces of its own batches, which is not the dataset's number of
   batches (2 workers, 2 files of 148 and 149 examples in batches of 64: 5
@@ -26,37 +27,38 @@ from __future__ import annotations
 from typing import Any
 
 import tensorflow as tf
-from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
-from hybridpar.compat.patching import Fix, Patch, register
+from hybridpar.compat.patching import Fix, register
 from hybridpar.data import inspect, sharding
 from hybridpar.errors import ConfigError
-from hybridpar.state import StrategyState, state_of
+from hybridpar.state import StrategyState
 
 
-def _owned_strategy(self, distribute_strategy=None, *args, **kwargs) -> bool:
-    return state_of(distribute_strategy) is not None
+def epoch_arguments(state: StrategyState, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of Keras's ``TFEpochIterator`` with hybridpar's input fixes.
 
+    A dataset of single examples is batched by ``data.global_batch_size``; for
+    evaluation and prediction under per-worker files its count is made unknown
+    (see the module doc).
 
-def _batched(original: Any) -> Any:
-    def __init__(self, distribute_strategy=None, *args, **kwargs):
-        state = state_of(distribute_strategy)
-        x = kwargs.get("x")
-        if isinstance(x, tf.data.Dataset) and not inspect.is_batched(x):
-            if state.global_batch_size is None:
-                raise ConfigError(
-                    "The dataset given to Keras yields single examples and "
-                    "data.global_batch_size is null, so hybridpar cannot batch it. Set "
-                    "data.global_batch_size, or batch the dataset yourself."
-                )
-            kwargs["x"] = x = x.batch(state.global_batch_size)
-        evaluating = "class_weight" not in kwargs  # fit's training data passes one
-        if (evaluating and kwargs.get("steps_per_epoch") is None
-                and _steps_are_per_worker(state, x)):
-            kwargs["x"] = x.filter(_every_element)  # a dataset of unknown cardinality
-        original(self, distribute_strategy, *args, **kwargs)
-
-    return __init__
+    Raises:
+        ConfigError: for single examples without ``data.global_batch_size``.
+    """
+    x = kwargs.get("x")
+    if isinstance(x, tf.data.Dataset) and not inspect.is_batched(x):
+        if state.global_batch_size is None:
+            raise ConfigError(
+                "The dataset given to Keras yields single examples and "
+                "data.global_batch_size is null, so hybridpar cannot batch it. Set "
+                "data.global_batch_size, or batch the dataset yourself."
+            )
+        kwargs = {**kwargs, "x": x.batch(state.global_batch_size)}
+        x = kwargs["x"]
+    evaluating = "class_weight" not in kwargs  # fit's training data passes one
+    if (evaluating and kwargs.get("steps_per_epoch") is None
+            and _steps_are_per_worker(state, x)):
+        kwargs = {**kwargs, "x": x.filter(_every_element)}  # a dataset of unknown cardinality
+    return kwargs
 
 
 def _every_element(*_: Any) -> tf.Tensor:
@@ -79,6 +81,5 @@ FIX = register(Fix(
     corrects="Keras counts steps before the strategy sees the dataset, so unbatched input "
              "shows wrong progress",
     group="core",
-    patches=(Patch(keras_tf_trainer.TFEpochIterator, "__init__", _batched,
-                   owns=_owned_strategy),),
+    part_of="trainer_hooks",
 ))

@@ -26,6 +26,7 @@ in GPipe.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import keras
@@ -129,55 +130,26 @@ def train_step(model: keras.Model, data: Any, microbatches: int, sequential: boo
     Returns:
         The metrics, as Keras's ``train_step`` returns them.
     """
-    x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-    first = _first_tensor(x)
-    if keep is None and microbatches > 1 and first.shape[0] is None:
-        keep = tf.ones([tf.shape(first)[0]])  # a final batch may hold fewer than M examples
-    if keep is not None:
-        if microbatches > 1:
-            (x, y, sample_weight, keep), extra = balanced.padded_to(
-                (x, y, sample_weight, keep), microbatches
-            )
-            keep = keep * extra
-        sample_weight = balanced.row_weighted(sample_weight, keep)
-    total = tf.cast(tf.shape(_first_tensor(x))[0], tf.float32)
-    kept_total = None if keep is None else tf.reduce_sum(keep)
+    x, y, sample_weight, keep = _padded(data, microbatches, keep)
+    total = (tf.cast(tf.shape(_first_tensor(x))[0], tf.float32) if keep is None
+             else tf.reduce_sum(keep))  # the examples that count
     weights = model.trainable_weights
     gates = StageGates(stages) if schedule == "1f1b" else None
     deferred = None if sequential or gates is not None else DeferredWeightGradients()
     accumulated: list[Any] = [None] * len(weights)
-    predictions = []
-    tapes = []
-    previous: list[Any] = []
+    predictions, tapes, previous = [], [], []
     for index, (xi, yi, wi, ki) in enumerate(
         split_batch((x, y, sample_weight, keep), microbatches)
     ):
-        if previous:
-            xi = _waits_for(previous, xi)
+        xi = _waits_for(previous, xi) if previous else xi
         with tf.name_scope(microbatch_scope_name(index)) as scope:
             with (tf.GradientTape(persistent=deferred is not None) as tape,
                   one_f_one_b.forward(gates, index)):
                 y_pred = model(xi, training=True) if model._call_has_training_arg else model(xi)
-                loss = model._compute_loss(
-                    x=xi, y=yi, y_pred=y_pred, sample_weight=wi, training=True
-                )
-                size = tf.shape(_first_tensor(xi))[0]
-                value, weight = tracked_loss(
-                    loss, size, None if ki is None else tf.reduce_sum(ki)
-                )
-                model._loss_tracker.update_state(value, sample_weight=weight)
-                share = tf.math.divide_no_nan(
-                    tf.cast(size, tf.float32), total if kept_total is None else kept_total
-                )
-                loss = loss * tf.cast(share, loss.dtype)
-                if model.optimizer is not None:
-                    loss = model.optimizer.scale_loss(loss)
-            with one_f_one_b.backward(gates, index, scope):
-                if deferred is None:
-                    gradients = tape.gradient(loss, weights)
-                else:
-                    with deferred.recording(index):
-                        gradients = tape.gradient(loss, weights)
+                loss = _weighted_loss(model, xi, yi, wi, ki, y_pred, total)
+            with one_f_one_b.backward(gates, index, scope), (
+                    contextlib.nullcontext() if deferred is None else deferred.recording(index)):
+                gradients = tape.gradient(loss, weights)
                 accumulated = [_add(a, g) for a, g in zip(accumulated, gradients, strict=True)]
         predictions.append(y_pred)
         tapes.append(tape)
@@ -189,7 +161,46 @@ def train_step(model: keras.Model, data: Any, microbatches: int, sequential: boo
         accumulated = [_add(a, g) for a, g in zip(accumulated, once, strict=True)]
     if weights:
         model.optimizer.apply_gradients(zip(accumulated, weights, strict=True))
+    return _metrics(model, (x, y, sample_weight, keep), predictions)
+
+
+def _metrics(model: keras.Model, batch: tuple[Any, ...], predictions: list[Any]) -> Any:
+    """Keras's metrics of the whole batch from its microbatches' predictions."""
+    x, y, sample_weight, keep = batch
     y_pred = tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *predictions)
     if keep is not None:
         y, y_pred, sample_weight = balanced.kept_rows((y, y_pred, sample_weight), keep)
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def _padded(data: Any, microbatches: int, keep: tf.Tensor | None) -> tuple[Any, ...]:
+    """``(x, y, sample_weight, keep)`` of a batch, padded so no microbatch is empty.
+
+    Padding (and the rows ``keep`` marks as padding) gets sample weight 0.
+    """
+    x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+    first = _first_tensor(x)
+    if keep is None and microbatches > 1 and first.shape[0] is None:
+        keep = tf.ones([tf.shape(first)[0]])  # a final batch may hold fewer than M examples
+    if keep is not None:
+        if microbatches > 1:
+            (x, y, sample_weight, keep), extra = balanced.padded_to(
+                (x, y, sample_weight, keep), microbatches
+            )
+            keep = keep * extra
+        sample_weight = balanced.row_weighted(sample_weight, keep)
+    return x, y, sample_weight, keep
+
+
+def _weighted_loss(model: keras.Model, x: Any, y: Any, sample_weight: Any, keep: Any,
+                   y_pred: Any, total: tf.Tensor) -> tf.Tensor:
+    """A microbatch's loss weighted by its share of the ``total`` examples, tracked by Keras."""
+    loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                               training=True)
+    size = tf.shape(_first_tensor(x))[0]
+    value, weight = tracked_loss(loss, size, None if keep is None else tf.reduce_sum(keep))
+    model._loss_tracker.update_state(value, sample_weight=weight)
+    loss = loss * tf.cast(tf.math.divide_no_nan(tf.cast(size, tf.float32), total), loss.dtype)
+    if model.optimizer is not None:
+        loss = model.optimizer.scale_loss(loss)
+    return loss

@@ -12,10 +12,12 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from hybridpar.compat import check_versions, hold
+from hybridpar.compat.trainer_hooks import check_hooks
 from hybridpar.state import StrategyState
 from hybridpar.strategies import multi_worker, parameter_server
 from hybridpar.strategies.evaluator import EvaluatorRunner
 from hybridpar.strategies.mirrored import HybridMirroredStrategy, HybridOneDeviceStrategy
+from hybridpar.training import Trainer
 
 logger = logging.getLogger("hybridpar")
 
@@ -41,9 +43,12 @@ def build_strategy(state: StrategyState) -> tf.distribute.Strategy:
     """Builds the strategy for ``state`` and installs the Keras fixes it needs while it lives.
 
     Raises:
-        RuntimeError: on a TensorFlow/Keras line the fixes were not verified on.
+        RuntimeError: on a TensorFlow/Keras line the fixes were not verified on,
+            or a Keras that lacks a method the trainer hooks into.
     """
     check_versions()
+    check_hooks()
+    state.trainer = Trainer(state)
     strategy = BUILDERS[state.mode](state)
     hold("core", strategy)
     if state.stages > 1:
@@ -52,8 +57,6 @@ def build_strategy(state: StrategyState) -> tf.distribute.Strategy:
         hold("parameter_server", strategy)
     if state.is_evaluator:
         state.runner = EvaluatorRunner(state)
-    if state.runner is not None:
-        hold("runners", strategy)
     training = state.plan.cluster_mode
     training = training if training in ("multi_worker", "parameter_server") else "single-process"
     role = (f" (the evaluator of {training} training: evaluates checkpoints, trains nothing)"

@@ -4,8 +4,8 @@ tf_keras had ``SidecarEvaluator``; Keras 3 has nothing. With hybridpar the
 same script runs on every task. On the ``evaluator`` task
 ``hybridpar.scope()`` builds a local strategy (one device, or mirrored over
 the local devices; it joins no training collective and starts no server) and
-the model is built as usual; its ``fit`` (routed here by
-``compat.runner_routing``) does not train:
+the model is built as usual; its ``fit`` (routed here by the trainer,
+``hybridpar.training``) does not train:
 
 * it waits for the checkpoints the chief writes to ``checkpoint.dir``
   (``checkpoint.watch``), restores each new one into the model (any
@@ -66,26 +66,7 @@ class EvaluatorRunner:
             timeout_seconds=settings.timeout_seconds,
         )
 
-    def fit(
-        self,
-        model: keras.Model,
-        x: Any = None,
-        y: Any = None,
-        batch_size: int | None = None,
-        epochs: int = 1,
-        verbose: Any = "auto",
-        callbacks: Any = None,
-        validation_split: float = 0.0,
-        validation_data: Any = None,
-        shuffle: bool = True,
-        class_weight: Any = None,
-        sample_weight: Any = None,
-        initial_epoch: int = 0,
-        steps_per_epoch: int | None = None,
-        validation_steps: int | None = None,
-        validation_batch_size: int | None = None,
-        validation_freq: int = 1,
-    ) -> keras.callbacks.History:
+    def fit(self, model: keras.Model, arguments: dict[str, Any]) -> keras.callbacks.History:
         """Evaluates every new checkpoint on ``validation_data`` until training ends.
 
         Raises:
@@ -95,6 +76,7 @@ class EvaluatorRunner:
             TimeoutError: after ``evaluator.timeout_seconds`` without a new one.
         """
         model._assert_compile_called("fit")
+        validation_data = arguments["validation_data"]
         if validation_data is None:
             raise ConfigError(
                 f"model.fit on {self.state.cluster.task} (the cluster's evaluator) evaluates "
@@ -105,18 +87,18 @@ class EvaluatorRunner:
         watch.check_readable(self.directory)
         storage.ensure_writable(self.log_dir, key="evaluator.log_dir")
         val_x, val_y, val_weight = data_adapter_utils.unpack_x_y_sample_weight(validation_data)
-        arguments = {"x": val_x, "y": val_y, "sample_weight": val_weight,
-                     "batch_size": validation_batch_size or batch_size
-                     or self.state.global_batch_size, "steps": validation_steps}
+        evaluation = {"x": val_x, "y": val_y, "sample_weight": val_weight,
+                      "batch_size": arguments["validation_batch_size"] or arguments["batch_size"]
+                      or self.state.global_batch_size, "steps": arguments["validation_steps"]}
         if not model.built or not model.variables:
-            self._keras_evaluate(model, {**arguments, "steps": 1}, verbose=0)
+            self._keras_evaluate(model, {**evaluation, "steps": 1}, verbose=0)
         writer = tf.summary.create_file_writer(str(self.log_dir))
         history = keras.callbacks.History()
         history.set_model(model)
         history.on_train_begin()
         logger.info("hybridpar: %s evaluates the checkpoints in %s; TensorBoard summaries go "
                     "to %s", self.state.cluster.task, self.directory, self.log_dir)
-        for event in self.watcher.events(epochs):
+        for event in self.watcher.events(arguments["epochs"]):
             if event.kind == "deleted":
                 logger.info("hybridpar: %s was deleted (checkpoint.keep) before the evaluator "
                             "read it; skipped.", event.path.name)
@@ -124,7 +106,8 @@ class EvaluatorRunner:
                 logger.warning("hybridpar: checkpoint %s is damaged: %s; the evaluator skips "
                                "it.", event.path.name, event.reason)
             else:
-                logs = self._evaluate_checkpoint(model, event, arguments, verbose, writer)
+                logs = self._evaluate_checkpoint(model, event, evaluation, arguments["verbose"],
+                                                 writer)
                 history.on_epoch_end(watch.epoch_index(event.manifest),
                                      {f"val_{name}": value for name, value in logs.items()})
                 history.history.setdefault("step", []).append(event.step)

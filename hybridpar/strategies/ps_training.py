@@ -8,7 +8,7 @@ on the workers. hybridpar's path, learnt from tf_keras's
 * every task runs the same script; ``worker`` and ``ps`` tasks start their
   ``tf.distribute.Server`` in ``hybridpar.scope()`` and block there
   (``parameter_server.serve``); only the chief (the coordinator) returns;
-* on the chief, ``model.fit`` (routed here by ``compat.runner_routing``) turns the
+* on the chief, ``model.fit`` (routed here by the trainer, ``hybridpar.training``) turns the
   user's dataset into per-worker datasets, schedules ``steps_per_epoch``
   training steps per epoch with ``ClusterCoordinator.schedule`` (asynchronous
   updates on the parameter servers), joins at each epoch's end, then reports
@@ -243,70 +243,60 @@ class ParameterServerRunner:
         self.cluster = cluster
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
 
-    def fit(
-        self,
-        model: keras.Model,
-        x: Any = None,
-        y: Any = None,
-        batch_size: int | None = None,
-        epochs: int = 1,
-        verbose: Any = "auto",
-        callbacks: Any = None,
-        validation_split: float = 0.0,
-        validation_data: Any = None,
-        shuffle: bool = True,
-        class_weight: Any = None,
-        sample_weight: Any = None,
-        initial_epoch: int = 0,
-        steps_per_epoch: int | None = None,
-        validation_steps: int | None = None,
-        validation_batch_size: int | None = None,
-        validation_freq: int = 1,
-    ) -> keras.callbacks.History:
-        """``model.fit`` on the chief of a parameter-server cluster (see the module doc)."""
+    def fit(self, model: keras.Model, arguments: dict[str, Any]) -> keras.callbacks.History:
+        """``model.fit`` on the chief of a parameter-server cluster (see the module doc).
+
+        Args:
+            model: the model.
+            arguments: every parameter of Keras's ``fit`` by name.
+        """
         model._assert_compile_called("fit")
-        check_training_input(
-            x, y, steps_per_epoch,
-            {"validation_split": validation_split, "class_weight": class_weight,
-             "sample_weight": sample_weight},
-        )
-        validation = _validation_input(validation_data)
+        steps_per_epoch, epochs = arguments["steps_per_epoch"], arguments["epochs"]
+        check_training_input(arguments["x"], arguments["y"], steps_per_epoch, {
+            name: arguments[name] for name in ("validation_split", "class_weight",
+                                               "sample_weight")})
+        validation = _validation_input(arguments["validation_data"])
         state = model.distribute_strategy.hybridpar_state
-        batch_size = batch_size or state.global_batch_size
+        batch_size = arguments["batch_size"] or state.global_batch_size
         per_worker = self.coordinator.create_per_worker_dataset(
-            per_worker_input(x, len(self.cluster.jobs["worker"]), batch_size)
+            per_worker_input(arguments["x"], len(self.cluster.jobs["worker"]), batch_size)
         )
         _prepare(model, per_worker.element_spec)
-        iterator = iter(per_worker)
-        train_function = _train_function(model)
-        callbacks = _callback_list(model, callbacks, verbose, epochs, steps_per_epoch)
+        iterator, train_function = iter(per_worker), _train_function(model)
+        callbacks = _callback_list(model, arguments["callbacks"], arguments["verbose"], epochs,
+                                   steps_per_epoch)
         model.stop_training = False
         callbacks.on_train_begin()
-        initial_epoch = model._initial_epoch or initial_epoch
         # Steps of the first epoch a checkpoint says are done (PeriodicCheckpoint sets it).
         first_step = getattr(model, "_hybridpar_initial_batch", 0) or 0
         logs: dict[str, Any] = {}
         with _naming_lost_ps(self.cluster):
-            for epoch in range(initial_epoch, epochs):
+            for epoch in range(model._initial_epoch or arguments["initial_epoch"], epochs):
                 model.reset_metrics()
                 callbacks.on_epoch_begin(epoch)
                 self._train_epoch(model, callbacks, train_function, iterator,
                                   range(first_step, steps_per_epoch))
                 first_step = 0
                 logs = {name: float(value) for name, value in model.get_metrics_result().items()}
-                if validation is not None and model._should_eval(epoch, validation_freq):
-                    val_x, val_y, val_weight = validation
-                    val_logs = self.evaluate(
-                        model, val_x, val_y, sample_weight=val_weight,
-                        batch_size=validation_batch_size or batch_size, steps=validation_steps,
-                        verbose=0, return_dict=True,
-                    )
-                    logs.update({f"val_{name}": value for name, value in val_logs.items()})
+                if validation is not None and model._should_eval(epoch,
+                                                                 arguments["validation_freq"]):
+                    logs.update(self._validate(model, validation, arguments, batch_size))
                 callbacks.on_epoch_end(epoch, logs)
                 if model.stop_training:
                     break
         callbacks.on_train_end(logs=logs)
         return model.history
+
+    def _validate(self, model: keras.Model, validation: tuple[Any, Any, Any],
+                  arguments: dict[str, Any], batch_size: int | None) -> dict[str, float]:
+        """The ``val_`` logs of one epoch, evaluated on the chief."""
+        val_x, val_y, val_weight = validation
+        val_logs = self.evaluate(
+            model, val_x, val_y, sample_weight=val_weight,
+            batch_size=arguments["validation_batch_size"] or batch_size,
+            steps=arguments["validation_steps"], verbose=0, return_dict=True,
+        )
+        return {f"val_{name}": value for name, value in val_logs.items()}
 
     def _train_epoch(self, model: keras.Model, callbacks: keras.callbacks.CallbackList,
                      train_function: Callable, iterator: Any, steps: range) -> None:

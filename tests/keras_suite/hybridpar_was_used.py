@@ -2,7 +2,7 @@
 
 It builds and trains a model under a hybridpar scope with ``model_parallel.stages: 2``
 (installing the core and stage fixes), keeps the strategy and model alive, and
-holds the parameter-server and runner-routing fixes too, so every patch hybridpar
+holds the parameter-server fixes too, so every patch hybridpar
 has stays in place while the tests of the installed Keras run. ``test_keras_suite.py``
 runs those tests with and without this plugin and compares the outcomes.
 """
@@ -28,7 +28,6 @@ def pytest_configure(config):
         model.compile("adam", "mse")
     model.fit(np.ones((8, 4)), np.ones((8, 1)), batch_size=8, epochs=1, verbose=0)
     _kept.enter_context(compat.holding("parameter_server"))
-    _kept.enter_context(compat.holding("runners"))
     _kept.callback(lambda kept=(hs, model): kept)
     installed = sorted(fix.name for fix in compat.installed())
     config.stash_hybridpar_fixes = installed

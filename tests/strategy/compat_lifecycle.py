@@ -4,7 +4,7 @@
 
 Records every patched attribute before hybridpar builds anything, then which
 groups of fixes are installed while a staged strategy, a ``hybridpar.stage()``
-block and the parameter-server and runner holds exist, after they are gone, and after
+block and the parameter-server hold exist, after they are gone, and after
 ``hybridpar.compat.uninstall()``. The staged model has a synchronized batch norm: its
 all-reduces must not keep the strategy (and so the fixes) alive either.
 tests/strategy/test_compat_scoping.py reads it.
@@ -61,7 +61,7 @@ result["staged_alive"] = replaced()
 del hs, model
 gc.collect()
 result["after_gc"] = replaced()
-with compat.holding("parameter_server"), compat.holding("runners"):
+with compat.holding("parameter_server"):
     hs, model = staged_fit()
     with hybridpar.stage(1):
         result["everything_held"] = replaced()

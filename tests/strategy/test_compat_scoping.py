@@ -22,9 +22,8 @@ pytestmark = pytest.mark.strategy
 
 HERE = pathlib.Path(__file__).parent
 STAGE_FIXES = {"stage_calls", "stage_gradients"}
-# Patches installed for parameter-server strategies and runners only (never by a mirrored fit).
-PS_FIXES = {"shard_views", "sharded_embedding", "sharded_numpy", "atomic_updates",
-            "runner_routing"}
+# Patches installed for parameter-server strategies only (never by a mirrored fit).
+PS_FIXES = {"shard_views", "sharded_embedding", "sharded_numpy", "atomic_updates"}
 
 
 def trained_weights(mode: str, out: pathlib.Path) -> dict[str, np.ndarray]:
@@ -73,8 +72,8 @@ def test_installed_fixes_are_listed_for_bug_reports():
     with hybridpar.scope({"data_parallel": {"mode": "mirrored"}}):
         names = {fix.name for fix in compat.installed()}
         text = compat.describe()
-    assert {"symbolic_build", "replica_share", "metric_reduction"} <= names
-    assert "symbolic_build       installed" in text
+    assert {"trainer_hooks", "replica_share", "metric_reduction"} <= names
+    assert "symbolic_build       installed, in trainer_hooks's patch" in text
     assert "[keras-team/keras#20585]" in text and "TensorFlow 2.21" in text
 
 

@@ -15,13 +15,6 @@ MAX_FUNCTION_LINES = 60
 # The command line is exempt from MAX_FUNCTION_LINES: its parser builders are flat lists of
 # flags, longer than a function should be but no harder to read.
 CLI = ("hybridpar.cli.", "hybridpar.launch.args._launch_parser")
-# Functions over MAX_FUNCTION_LINES that are being rewritten (issue 23, the Trainer: one
-# trainer owns the step and the fit routing); each leaves this list when its rewrite lands.
-LONG_FUNCTIONS_BEING_REWRITTEN = {
-    "hybridpar.parallel.pipeline.train_step",
-    "hybridpar.strategies.evaluator.fit",
-    "hybridpar.strategies.ps_training.fit",
-}
 # The layers of hybridpar, lowest first: the one statement of the order. A module imports
 # its own package and packages of lower layers only; packages that share a layer import
 # neither each other. "" is hybridpar/__init__.py, the public names.
@@ -34,6 +27,7 @@ LAYERS = (
     ("parallel",),  # hybridpar's collectives, stages, pipeline, compression
     ("report",),  # the placement report
     ("compat",),  # the hooks into Keras/TF internals
+    ("training",),  # the Trainer those hooks hand Keras's trainer methods to
     ("checkpoint",),  # format, callback, preemption
     ("strategies",),  # the tf.distribute subclasses and their overrides, runners
     ("callbacks",),  # the public callbacks
@@ -185,28 +179,14 @@ def functions(path: pathlib.Path) -> dict[str, int]:
     return found
 
 
-def _short_name(qualified: str) -> str:
-    """``hybridpar.strategies.evaluator.EvaluatorRunner.fit`` -> ``...evaluator.fit``."""
-    module = max((m for m in MODULES if qualified.startswith(f"{m}.")), key=len)
-    return f"{module}.{qualified.rpartition('.')[2]}"
-
-
 def test_functions_stay_readable():
     long = {}
     for path in MODULES.values():
         for name, lines in functions(path).items():
-            exempt = name.startswith(CLI) or _short_name(name) in LONG_FUNCTIONS_BEING_REWRITTEN
+            exempt = name.startswith(CLI)
             if lines > MAX_FUNCTION_LINES and not exempt:
                 long[name] = lines
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them): {long}"
-
-
-def test_the_list_of_long_functions_names_only_long_functions():
-    lengths = {_short_name(name): lines for path in MODULES.values()
-               for name, lines in functions(path).items()}
-    stale = {name: lengths.get(name) for name in LONG_FUNCTIONS_BEING_REWRITTEN
-             if lengths.get(name, 0) <= MAX_FUNCTION_LINES}
-    assert not stale, f"no longer over {MAX_FUNCTION_LINES} lines, drop them: {stale}"
 
 
 def test_pure_modules_import_no_tensorflow():
