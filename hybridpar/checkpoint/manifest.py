@@ -36,6 +36,7 @@ GROUPS = ("model", "optimizer", "metrics")
 END_FILE = "training-end.json"
 END_FORMAT = "hybridpar-training-end/1"
 PARTIAL_PREFIX = ".partial-"
+ZERO_STAGING_PREFIX = ".zero-"  # a worker's own ZeRO shards, before the chief merges them
 _NAME_RE = re.compile(r"^ckpt-(\d{8,})$")
 _MAX_LISTED = 8
 

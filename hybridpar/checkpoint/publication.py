@@ -17,7 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridpar.checkpoint import files, storage
-from hybridpar.checkpoint.manifest import MANIFEST_FILE, PARTIAL_PREFIX, checkpoint_name
+from hybridpar.checkpoint.manifest import (
+    MANIFEST_FILE,
+    PARTIAL_PREFIX,
+    ZERO_STAGING_PREFIX,
+    checkpoint_name,
+)
 from hybridpar.checkpoint.storage import Location
 
 
@@ -99,7 +104,11 @@ def prune(directory: str | os.PathLike, keep: int) -> list[Location]:
 
 
 def remove_partials(directory: str | os.PathLike) -> None:
-    """Removes unfinished writes left by a process that died (call on the writer only)."""
+    """Removes unfinished writes left by a process that died (call on the writer only).
+
+    These are partial checkpoints and workers' ZeRO shard bundles that no
+    chief merged; call it before training starts, when no save is running.
+    """
     for name in storage.listdir(directory):
-        if name.startswith(PARTIAL_PREFIX):
+        if name.startswith((PARTIAL_PREFIX, ZERO_STAGING_PREFIX)):
             storage.rmtree(storage.join(directory, name))

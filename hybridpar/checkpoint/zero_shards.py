@@ -10,6 +10,9 @@ store the coordinated restore uses). The chief's write waits for every
 worker's bundle and merges it with its own (``MergeV2Checkpoints`` moves
 the data files into the checkpoint), as it merges each parameter server's.
 ``checkpoint.dir`` must be shared by every worker, as it must for restoring.
+A bundle the chief never merged (it died during the save) is removed with
+the partial writes when the next run's chief starts
+(``publication.remove_partials``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.ops import gen_io_ops
 
 from hybridpar.checkpoint import storage, tensor_io
-from hybridpar.checkpoint.manifest import checkpoint_name
+from hybridpar.checkpoint.manifest import ZERO_STAGING_PREFIX, checkpoint_name
 from hybridpar.errors import CheckpointWriteError
 from hybridpar.state import state_of
 
@@ -47,7 +50,8 @@ def _key(step: int, worker: int) -> str:
 def write_own(directory: str | os.PathLike, step: int, worker: int,
               pieces: Sequence[tensor_io.Piece]) -> None:
     """On a non-chief worker: writes its slices and tells the chief where (see the module doc)."""
-    staging = storage.join(directory, f".zero-{checkpoint_name(step)}-worker-{worker}")
+    staging = storage.join(directory,
+                           f"{ZERO_STAGING_PREFIX}{checkpoint_name(step)}-worker-{worker}")
     storage.rmtree(staging)
     storage.makedirs(staging)
     prefix = os.fspath(storage.join(staging, "part"))

@@ -30,6 +30,7 @@ def test_listing_prune_and_partials(tmp_path):
     for step in (3, 12, 100):
         write(tmp_path, step)
     (tmp_path / ".partial-ckpt-00000200-1").mkdir()
+    (tmp_path / ".zero-ckpt-00000200-worker-1").mkdir()  # shards no chief merged
     (tmp_path / "notes.txt").write_text("")
     assert [p.name for p in files.list_checkpoints(tmp_path)] == [
         "ckpt-00000003", "ckpt-00000012", "ckpt-00000100"]
