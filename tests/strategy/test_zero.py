@@ -54,12 +54,13 @@ OPTIMIZERS = {
 }
 
 
-def train(run_config: dict, optimizer: str, epochs: int = 2):
+def train(run_config: dict, optimizer: str, epochs: int = 2, **compile_options):
     keras.utils.set_random_seed(1)
     with hybridpar.scope(run_config) as hs:
         model = mlp()
         model.compile(OPTIMIZERS[optimizer](),
-                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      **compile_options)
     model.fit(dataset(), epochs=epochs, verbose=0)
     return model, hs
 
@@ -81,6 +82,28 @@ def test_sharded_training_equals_unsharded_and_single_device_training(optimizer)
     assert max_weight_difference(sharded.get_weights(), single.get_weights()) <= 1e-5
     assert copy_spread(sharded) == 0.0
     assert int(sharded.optimizer.iterations.numpy()) == 14
+
+
+@pytest.mark.parametrize("composed", [
+    {"model_parallel": {"microbatches": 2}},  # gradient accumulation over 2 microbatches
+    {"steps_per_execution": 3},  # 7 batches an epoch: executions of 3, 3 and 1
+])
+def test_sharding_composes_with_accumulation_and_steps_per_execution(composed):
+    compile_options = {k: v for k, v in composed.items() if k != "model_parallel"}
+
+    def run(shard: bool, mode: str = "mirrored"):
+        run_config = config(shard, mode)
+        if "model_parallel" in composed:
+            run_config["model_parallel"] = composed["model_parallel"]
+        return train(run_config, "adam", **compile_options)
+
+    (sharded, hs), (unsharded, _) = run(True), run(False)
+    single, _ = train(config(False, "none"), "adam")  # plain single-device training
+    assert hs.state.zero is not None
+    assert hs.state.microbatches == composed.get("model_parallel", {}).get("microbatches", 1)
+    assert max_weight_difference(sharded.get_weights(), unsharded.get_weights()) <= 1e-5
+    assert max_weight_difference(sharded.get_weights(), single.get_weights()) <= 1e-5
+    assert int(sharded.optimizer.iterations.numpy()) == 14  # one update per batch
 
 
 @pytest.mark.slow
