@@ -162,6 +162,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         if self.records_end and self.writes:
             end_record.remove(self.directory)
         self.policy.begin(self.model)
+        model_state.announce_own_shards(self.model, self.writes)
         if self.resume:
             self._restore()
         # The restored step is on disk; with an evaluator, so must be the final one, even when
@@ -287,6 +288,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             "topology": self._topology(),
         }
         if self.writes:
+            model_state.check_own_shards(self.model)
             self.writer.wait()  # one snapshot alive at a time
         pieces, manifest = model_state.snapshot(self.model, data, extra=extra,
                                                 writes=self.writes)

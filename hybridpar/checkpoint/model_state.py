@@ -124,6 +124,24 @@ def _own_shards(optimizer: list[layout.Logical]) -> list[tensor_io.Piece]:
     return [p for p in tensor_io.snapshot({"optimizer": optimizer}) if p.key in own]
 
 
+def announce_own_shards(model: Any, writes: bool) -> None:
+    """At the start of training with ZeRO shards over workers: a non-chief announces that it
+    saves its shards, and the chief remembers to check every worker did
+    (``zero_shards.check_savers``, before its first save)."""
+    state = zero_shards.sharded_over_workers(model)
+    if state is not None and not writes:
+        zero_shards.announce_saver(state.worker)
+    model._hybridpar_savers_unchecked = state is not None and writes
+
+
+def check_own_shards(model: Any) -> None:
+    """On the chief before a save: raises CheckpointWriteError, once per ``fit``, when a
+    worker holding ZeRO shards has no checkpoint callback."""
+    if getattr(model, "_hybridpar_savers_unchecked", False):
+        zero_shards.check_savers(zero_shards.sharded_over_workers(model).workers)
+        model._hybridpar_savers_unchecked = False
+
+
 def write_own_shards(model: Any, directory: str | os.PathLike, step: int,
                      pieces: list[tensor_io.Piece]) -> None:
     """On a worker that does not write the checkpoint: writes the ZeRO shards only it holds

@@ -17,6 +17,7 @@ the partial writes when the next run's chief starts
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from hybridpar.state import state_of
 
 _KEY = "hybridpar/checkpoint/zero/"
 WAIT_SECONDS = 600
+ANNOUNCED_SECONDS = 10  # coordination-service latency only: see check_savers
 
 
 def sharded_over_workers(model: Any) -> Any:
@@ -61,6 +63,39 @@ def write_own(directory: str | os.PathLike, step: int, worker: int,
     context.context().set_config_key_value(
         _key(step, worker), json.dumps({"task": tensor_io.task_name(tensor_io.local_host()),
                                         "prefix": prefix}))
+
+
+def announce_saver(worker: int) -> None:
+    """On a non-chief worker whose checkpoint callback starts training: it will write its
+    shards at every save (``check_savers`` reads it)."""
+    # an earlier fit in this process may have announced it
+    with contextlib.suppress(tf.errors.AlreadyExistsError):
+        context.context().set_config_key_value(f"{_KEY}savers/worker-{worker}", "1")
+
+
+def check_savers(workers: int) -> None:
+    """On the chief before its first save: every worker runs a checkpoint callback.
+
+    Every worker has taken a step by then (each step is collective), so its
+    callback's ``on_train_begin`` has announced it, if it has one: a missing
+    announcement means a worker that will never write its shards.
+
+    Raises:
+        CheckpointWriteError: naming the worker and what to pass to its ``fit``.
+    """
+    ctx = context.context()
+    for worker in range(1, workers):
+        try:
+            ctx.get_config_key_value(f"{_KEY}savers/worker-{worker}",
+                                     timeout_in_ms=ANNOUNCED_SECONDS * 1000)
+        except Exception as err:  # the coordination service's DeadlineExceeded
+            raise CheckpointWriteError(
+                f"worker {worker} trains without hybridpar's checkpoint callback, so it will "
+                "never write the optimizer shards only it holds "
+                "(data_parallel.shard_optimizer_state over several workers: each worker "
+                "writes its own shards at every save), and no checkpoint can be complete. "
+                "Pass the same callbacks on every task: model.fit(..., "
+                "callbacks=hs.callbacks()) in the one script all workers run.") from err
 
 
 def collect(step: int, workers: int) -> list[tuple[str, str]]:

@@ -55,3 +55,14 @@ def test_a_killed_sharded_worker_resumes_with_every_workers_optimizer_shards(
     slots = tf.train.load_checkpoint(str(latest / "state"))
     assert slots.get_tensor("optimizer/00002").shape == (12, 32)  # whole, from both workers
 
+
+
+def test_a_sharded_worker_without_the_checkpoint_callback_is_named_at_the_first_save(tmp_path):
+    run = launch(script(tmp_path / "out", tmp_path / "ckpt", "--shard",
+                        "--no_callbacks_on", "worker:1"))
+    assert run.returncode != 0
+    output = run.stdout + run.stderr
+    assert "worker 1 trains without hybridpar's checkpoint callback" in output
+    assert "callbacks=hs.callbacks()" in output
+    # the chief refused before writing: no checkpoint, not even a partial one
+    assert not [p.name for p in (tmp_path / "ckpt").iterdir() if "ckpt-" in p.name]
