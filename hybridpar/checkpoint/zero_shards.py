@@ -95,7 +95,9 @@ def check_savers(workers: int) -> None:
                 "(data_parallel.shard_optimizer_state over several workers: each worker "
                 "writes its own shards at every save), and no checkpoint can be complete. "
                 "Pass the same callbacks on every task: model.fit(..., "
-                "callbacks=hs.callbacks()) in the one script all workers run.") from err
+                "callbacks=hs.callbacks()) in the one script all workers run. (No "
+                f"announcement from worker {worker} within {ANNOUNCED_SECONDS} s: {err})"
+            ) from err
 
 
 def collect(step: int, workers: int) -> list[tuple[str, str]]:
