@@ -17,6 +17,12 @@ replica's shard only. A train step, in each replica:
    gradient shard and the outer optimizer's learning rate and step count;
 3. all-gathers the updated shards and writes them into its copy of each weight.
 
+With model-parallel stages each stage's variables form buckets of their own
+(``zero_plan``), sharded over the replicas of that stage: a replica's shard
+and slots of a bucket sit on the device holding the bucket's variables, and
+its update runs there; the collectives run on the launchers' (stage-0)
+devices, as the unsharded stage all-reduce does.
+
 Reduce-scatter plus all-gather is the bytes of one all-reduce. The replica
 id is a Python int when a ``tf.distribute`` replica function is traced
 (once per replica and device), so each replica's trace names its own shard.
@@ -66,8 +72,8 @@ def from_config(config: StrategyConfig, strategy_plan: Plan) -> ZeroSharding | N
     With one replica nothing is sharded: a warning says so and training runs unsharded.
 
     Raises:
-        ConfigError: in parameter-server mode, with model-parallel stages or with
-            gradient compression (not composed yet).
+        ConfigError: in parameter-server mode, or with gradient compression (not composed
+            yet).
     """
     if not config.data_parallel.shard_optimizer_state:
         return None
@@ -84,12 +90,6 @@ def from_config(config: StrategyConfig, strategy_plan: Plan) -> ZeroSharding | N
         logger.warning("hybridpar: %s has no effect with 1 replica (nothing to shard over); "
                        "training unsharded.", head)
         return None
-    if strategy_plan.mesh.stages > 1:
-        raise ConfigError(
-            f"{head} is not available with model-parallel stages yet. Received: "
-            f"model_parallel.stages={strategy_plan.mesh.stages}. Set model_parallel.stages "
-            "to 1, or data_parallel.shard_optimizer_state to false."
-        )
     if config.communication.compression != "none":
         raise ConfigError(
             f"{head} does not compose with gradient compression yet. Received: "
@@ -131,12 +131,12 @@ class ZeroSharding:
         return self._states.get(optimizer)
 
 
-def _plain_variables_on(device: str) -> Any:
-    """A variable creator that makes plain variables on ``device``, bypassing the strategy's."""
+def _plain_variables() -> Any:
+    """A variable creator that makes plain variables on the current device, bypassing the
+    strategy's (which would mirror them)."""
     def creator(next_creator: Any, **kwargs: Any) -> tf.Variable:
         arguments = {k: v for k, v in kwargs.items() if k in _VARIABLE_ARGUMENTS}
-        with tf.device(device):
-            return resource_variable_ops.ResourceVariable(**arguments)
+        return resource_variable_ops.ResourceVariable(**arguments)
 
     return tf.variable_creator_scope(creator)
 
@@ -148,7 +148,13 @@ class _ReplicaLocal:
     class extended:  # the attribute Keras reads
         @staticmethod
         def colocate_vars_with(variable: Any) -> contextlib.AbstractContextManager:
-            return contextlib.nullcontext()
+            return tf.device(variable.device)
+
+
+def bucket_device(bucket: zero_plan.Bucket, local: int) -> str:
+    """The device on which local replica ``local`` holds ``bucket``'s variables (with
+    model-parallel stages, that of their stage), so its shard and slots go there too."""
+    return bucket.group[local]
 
 
 def _devices_of(variable: Any) -> tuple[str, ...]:
@@ -215,21 +221,27 @@ class ShardedState:
         self.plan = zero_plan.plan(specs, self.replicas)
         self.shapes = [tuple(v.shape) for v in variables]
         self.launchers = _launchers(strategy)
-        devices = strategy.extended.worker_devices
+        devices = self.devices = strategy.extended.worker_devices
         first = strategy.extended._id_in_cluster * len(devices) if self.replicas > len(
             devices) else 0
-        self.local = [self._replica(optimizer, device, first + i)
-                      for i, device in enumerate(devices)]
+        self.local = [self._replica(optimizer, i, first + i) for i in range(len(devices))]
         self.workers = self.replicas // len(devices)  # each holding its replicas' shards
         self.worker = first // len(devices)
 
-    def _replica(self, optimizer: Any, device: str, replica: int) -> _Replica:
-        with _plain_variables_on(device):
+    def _replica(self, optimizer: Any, local: int, replica: int) -> _Replica:
+        """The replica optimizer of local replica ``local``: its scalars on the replica's
+        (stage-0) device, each bucket's shard and slots where that replica holds the
+        bucket's variables (their stage's device)."""
+        device = self.devices[local]
+        with _plain_variables(), tf.device(device):
             inner = type(optimizer).from_config(optimizer.get_config())
             inner._distribution_strategy = _ReplicaLocal()
-            shards = [keras.Variable(tf.zeros([bucket.shard_size], bucket.dtype),
-                                     trainable=False, name=f"zero_shard_{b}_replica_{replica}")
-                      for b, bucket in enumerate(self.plan.buckets)]
+            shards = []
+            for b, bucket in enumerate(self.plan.buckets):
+                with tf.device(bucket_device(bucket, local)):
+                    shards.append(keras.Variable(tf.zeros([bucket.shard_size], bucket.dtype),
+                                                 trainable=False,
+                                                 name=f"zero_shard_{b}_replica_{replica}"))
             inner.build(shards)
         # The step count Adam's bias correction reads; set past Keras's tracking, which would
         # list the outer optimizer's (mirrored) counter among the replica optimizer's variables.
@@ -278,15 +290,16 @@ class ShardedState:
             (total,) = all_reduce_sum([tf.cast(count[0], tf.float32)])
             factor = tf.math.divide_no_nan(tf.constant(count[1], tf.float32), total)
         for bucket, shard in zip(self.plan.buckets, state.shards, strict=True):
-            gradient = self._reduce_scattered(bucket, [grads[i] for i in bucket.indices],
-                                              launcher)
-            if factor is not None:
-                gradient = gradient * tf.cast(factor, gradient.dtype)
-            weights = self._chunks(bucket, [variables[i] for i in bucket.indices])
-            shard.assign(weights[int(replica)])
-            state.optimizer.update_step(gradient, shard, learning_rate)
-            self._write_gathered(bucket, shard, [variables[i] for i in bucket.indices],
-                                 launcher)
+            with tf.device(bucket_device(bucket, local)):
+                gradient = self._reduce_scattered(bucket, [grads[i] for i in bucket.indices],
+                                                  launcher)
+                if factor is not None:
+                    gradient = gradient * tf.cast(factor, gradient.dtype)
+                weights = self._chunks(bucket, [variables[i] for i in bucket.indices])
+                shard.assign(weights[int(replica)])
+                state.optimizer.update_step(gradient, shard, learning_rate)
+                self._write_gathered(bucket, shard, [variables[i] for i in bucket.indices],
+                                     launcher)
 
     def _chunks(self, bucket: zero_plan.Bucket, values: Sequence[Any]) -> tf.Tensor:
         """The bucket's flat values as ``[replicas, shard_size]``, each shard padded."""

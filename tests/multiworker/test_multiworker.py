@@ -265,15 +265,15 @@ def test_workers_given_different_cluster_specs_fail_fast(tmp_path):
     assert all("TF_CONFIG cluster specs differ between tasks" in err for err in outputs)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule, shard", [("gpipe", False), ("1f1b", False), ("1f1b", True)])
 def test_hybrid_2_workers_x_2_stages_pipelined_trains_like_one_device(
-    schedule, tmp_path, digits_data_dir
+    schedule, shard, tmp_path, digits_data_dir
 ):
     script = SCRIPT.with_name("train_hybrid.py")
     command = [sys.executable, str(script), "--data_dir", digits_data_dir, "--schedule", schedule]
     result = subprocess.run(
         [*launch_command(), "--workers", "2", "--timeout", "240", "--",
-         *command, "--out", str(tmp_path / "cluster")],
+         *command, *(["--shard"] if shard else []), "--out", str(tmp_path / "cluster")],
         capture_output=True, text=True, cwd=ROOT, timeout=300,
         env=environment(HYBRIDPAR_LOGICAL_CPUS="2"),
     )
@@ -292,3 +292,9 @@ def test_hybrid_2_workers_x_2_stages_pipelined_trains_like_one_device(
             assert devices == (["CPU:1"] if on_stage_1 else ["CPU:0"]), path
     assert max_weight_diff(workers["worker-0"], workers["worker-1"]) == 0.0
     assert max_weight_diff(workers["worker-0"], reference) <= 1e-5
+    for worker in workers.values():
+        # each worker's shard of a stage's buckets, and their slots, sit on that stage's CPU
+        shards = {path: devices for path, devices in worker["shard_devices"].items()
+                  if "zero_shard" in path}
+        assert sorted(set(map(tuple, shards.values()))) == (
+            [("CPU:0",), ("CPU:1",)] if shard else [])

@@ -40,8 +40,9 @@ def dataset(examples: int = 200) -> tf.data.Dataset:
 
 def mlp() -> keras.Model:
     """697 weights (16*33 + 33 + 33*4 + 4): one bucket of 175, 174, 174, 174 per replica."""
-    return keras.Sequential([keras.Input((16,)), keras.layers.Dense(33, activation="relu"),
-                             keras.layers.Dense(4)])
+    return keras.Sequential([keras.Input((16,)),
+                             keras.layers.Dense(33, activation="relu", name="first"),
+                             keras.layers.Dense(4, name="second")])
 
 
 OPTIMIZERS = {
@@ -104,6 +105,34 @@ def test_sharding_composes_with_accumulation_and_steps_per_execution(composed):
     assert max_weight_difference(sharded.get_weights(), unsharded.get_weights()) <= 1e-5
     assert max_weight_difference(sharded.get_weights(), single.get_weights()) <= 1e-5
     assert int(sharded.optimizer.iterations.numpy()) == 14  # one update per batch
+
+
+STAGES = {"stages": 2, "placement": {"^first$": 0, "^second$": 1}}
+
+
+@pytest.mark.parametrize("pipeline", [{"microbatches": 1}, {"microbatches": 4},
+                                      {"microbatches": 4, "schedule": "1f1b"}])
+def test_a_2x2_hybrid_shards_each_stage_over_its_group(pipeline):
+    """2 replicas x 2 stages: each stage's buckets are sharded over that stage's devices
+    (first layer's 561 weights on CPU 0 and 2, second's 136 on CPU 1 and 3), each shard's
+    slots on the device holding its weights; training equals unsharded hybrid training and
+    one device."""
+    def run(shard: bool):
+        return train({**config(shard), "model_parallel": {**STAGES, **pipeline}}, "adam")
+
+    (sharded, hs), (unsharded, hu) = run(True), run(False)
+    single, _ = train(config(False, "none"), "adam")
+    assert hs.num_replicas == 2 and hs.state.stages == 2
+    assert max_weight_difference(sharded.get_weights(), unsharded.get_weights()) <= 1e-5
+    assert max_weight_difference(sharded.get_weights(), single.get_weights()) <= 1e-5
+    assert copy_spread(sharded) == 0.0
+    # Adam's 2 slots; 12 B of scalars per optimizer on stage 0 (outer, and replica optimizer)
+    assert optimizer_bytes(unsharded, hu) == {
+        **{f"/job:localhost/task:0/device:CPU:{i}": 2 * 561 * 4 + 12 for i in (0, 2)},
+        **{f"/job:localhost/task:0/device:CPU:{i}": 2 * 136 * 4 for i in (1, 3)}}
+    assert optimizer_bytes(sharded, hs) == {
+        **{f"/job:localhost/task:0/device:CPU:{i}": 2 * 281 * 4 + 12 + 12 for i in (0, 2)},
+        **{f"/job:localhost/task:0/device:CPU:{i}": 2 * 68 * 4 for i in (1, 3)}}
 
 
 @pytest.mark.slow

@@ -19,17 +19,25 @@ pytestmark = pytest.mark.strategy
 DEVICES = [f"/cpu:{i}" for i in range(4)]
 
 
-def config(directory, replicas: int, shard: bool) -> dict:
+STAGES = {"stages": 2, "placement": {"^hidden$": 0, "^out$": 1}}
+
+
+def config(directory, replicas: int, shard: bool, stages: int = 1) -> dict:
+    """``replicas`` x ``stages`` over the first ``replicas * stages`` logical CPUs."""
     parallel = {"mode": "none"} if replicas == 1 else {
-        "mode": "mirrored", "devices": DEVICES[:replicas], "shard_optimizer_state": shard}
+        "mode": "mirrored", "devices": DEVICES[:replicas * stages],
+        "shard_optimizer_state": shard}
     checkpoint = {} if directory is None else {
         "checkpoint": {"dir": str(directory), "every_steps": 4, "keep": 2}}
-    return {"data_parallel": parallel, "data": {"global_batch_size": 16}, **checkpoint}
+    staged = {"model_parallel": STAGES} if stages > 1 else {}
+    return {"data_parallel": parallel, "data": {"global_batch_size": 16}, **checkpoint,
+            **staged}
 
 
-def train(directory, replicas=4, shard=True, crash_at=None, hidden=16, epochs=EPOCHS):
+def train(directory, replicas=4, shard=True, crash_at=None, hidden=16, epochs=EPOCHS,
+          stages=1):
     keras.utils.set_random_seed(3)
-    with hybridpar.scope(config(directory, replicas, shard)) as hs:
+    with hybridpar.scope(config(directory, replicas, shard, stages)) as hs:
         model = build(hidden)
         callbacks = hs.callbacks()
     extra = [Crash(crash_at)] if crash_at else []
@@ -41,9 +49,9 @@ def train(directory, replicas=4, shard=True, crash_at=None, hidden=16, epochs=EP
     return model, hs, callbacks[0]
 
 
-def built(replicas: int, shard: bool):
+def built(replicas: int, shard: bool, stages: int = 1):
     """A model as ``train`` builds it, with its optimizer built, not trained."""
-    with hybridpar.scope(config(None, replicas, shard)) as hs:
+    with hybridpar.scope(config(None, replicas, shard, stages)) as hs:
         model = build()
     model_state.ensure_built(model)
     return model, hs
@@ -80,15 +88,21 @@ def test_a_resumed_sharded_run_ends_like_an_uninterrupted_one(tmp_path):
     assert max_diff(slots(resumed, hs), slots(reference, hr)) <= 1e-5
 
 
+def topology(replicas: int, shard: bool, stages: int = 1) -> dict:
+    return {"replicas": replicas, "shard": shard, "stages": stages}
+
+
 @pytest.mark.parametrize("source, target", [
     ((4, True), (2, True)),  # re-cut onto another replica count
     ((4, True), (4, False)),  # onto an unsharded strategy
     ((4, True), (1, False)),  # onto one device
     ((4, False), (4, True)),  # an unsharded checkpoint onto a sharded run
+    ((2, True, 2), (4, True)),  # a 2 x 2 hybrid's per-stage shards onto 4 replicas
+    ((4, True), (2, True, 2)),  # and 4 replicas' shards onto each stage group of a hybrid
 ])
 def test_a_checkpoint_restores_its_slots_onto_another_sharding(source, target, tmp_path):
-    trained, hs, _ = train(tmp_path / "ckpt", *source, epochs=1)
-    model, ht = built(*target)
+    trained, hs, _ = train(tmp_path / "ckpt", **topology(*source), epochs=1)
+    model, ht = built(**topology(*target))
     found = hybridpar.checkpoint.restore(model, tmp_path / "ckpt")
     assert found.step == 13
     assert int(model.optimizer.iterations.numpy()) == 13

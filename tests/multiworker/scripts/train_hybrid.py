@@ -2,7 +2,8 @@
 
 Each worker trains one 2-stage model-parallel replica of a small transformer
 over its two logical CPUs (HYBRIDPAR_LOGICAL_CPUS=2), pipelined over 2
-microbatches (``--schedule gpipe | 1f1b``); without TF_CONFIG it
+microbatches (``--schedule gpipe | 1f1b``), with the optimizer's state
+sharded over the two workers' replicas of each stage with ``--shard``; without TF_CONFIG it
 trains on one device as the reference. Writes `<out>/<task>.json` with the
 final weights and the local device of every variable and optimizer slot.
 """
@@ -38,6 +39,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--data_dir", required=True)
     parser.add_argument("--schedule", default="gpipe", choices=("gpipe", "1f1b"))
+    parser.add_argument("--shard", action="store_true", help="shard_optimizer_state: true")
     args = parser.parse_args()
     task = os.environ.get("HYBRIDPAR_TASK", "single")
 
@@ -46,7 +48,8 @@ def main() -> None:
     clustered = "TF_CONFIG" in os.environ
     config = {
         "data": {"global_batch_size": 64, "shard_policy": "data"},
-        "data_parallel": {"mode": "multi_worker" if clustered else "none"},
+        "data_parallel": {"mode": "multi_worker", "shard_optimizer_state": args.shard}
+        if clustered else {"mode": "none"},
         "model_parallel": (
             {"stages": 2, "placement": RULES, "microbatches": 2, "schedule": args.schedule}
             if clustered else {}
@@ -64,6 +67,9 @@ def main() -> None:
         "loss": history.history["loss"],
         "weights": [w.tolist() for w in model.get_weights()],
         "devices": {v.path: devices_of(v) for v in model.weights + model.optimizer.variables},
+        "shard_devices": {} if hs.state.zero is None else {
+            v.path: devices_of(v)
+            for v in hs.state.zero.state_for(model.optimizer).replica_variables()},
     }
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
