@@ -36,7 +36,7 @@ from hybridpar.topology.plan import Plan
 logger = logging.getLogger("hybridpar")
 
 LOW_DTYPES = {"fp16": tf.float16, "bf16": tf.bfloat16}
-_FLOATING = (tf.float32, tf.float64)
+FLOATING = (tf.float32, tf.float64)
 
 Pairs = list[tuple[Any, Any]]
 
@@ -156,7 +156,7 @@ class GradientCompression:
     def _cast_reduce(self, pairs: Pairs) -> list[Any]:
         low = LOW_DTYPES[self.kind]
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-        cast = [variable is not None and gradient.dtype in _FLOATING
+        cast = [variable is not None and gradient.dtype in FLOATING
                 for gradient, variable in pairs]
         sent = [to_wire(gradient, low, replicas) if c else gradient
                 for (gradient, _), c in zip(pairs, cast, strict=True)]

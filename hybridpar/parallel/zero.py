@@ -11,11 +11,15 @@ replica's shard only. A train step, in each replica:
    an all-to-all of the ``N`` padded chunks followed by a local sum (TF 2.21
    has no CPU kernel for ``CollectiveReduceScatterV2``, "did not find
    collective implementation"; ``CollectiveAllToAllV2`` moves the same
-   ``(N - 1) / N`` of the bucket per replica);
+   ``(N - 1) / N`` of the bucket per replica). With ``communication.compression``
+   fp16/bf16 each replica's chunks are divided by ``N`` and sent in that dtype
+   (``hybridpar.parallel.compression.to_wire``), then summed in their own;
 2. copies its shard of the (replicated) weights into the shard variable and
    runs the replica optimizer's ``update_step`` on it with the reduced
    gradient shard and the outer optimizer's learning rate and step count;
-3. all-gathers the updated shards and writes them into its copy of each weight.
+3. all-gathers the updated shards and writes them into its copy of each weight
+   (in the weights' dtype: rounding them on the wire would leave each owner's
+   copy apart from the others').
 
 With model-parallel stages each stage's variables form buckets of their own
 (``zero_plan``), sharded over the replicas of that stage: a replica's shard
@@ -58,6 +62,7 @@ from hybridpar.config import StrategyConfig
 from hybridpar.errors import ConfigError
 from hybridpar.parallel import zero_plan
 from hybridpar.parallel.all_reduce import all_reduce_sum
+from hybridpar.parallel.compression import FLOATING, LOW_DTYPES, from_wire, to_wire
 from hybridpar.topology.plan import Plan
 
 logger = logging.getLogger("hybridpar")
@@ -72,8 +77,8 @@ def from_config(config: StrategyConfig, strategy_plan: Plan) -> ZeroSharding | N
     With one replica nothing is sharded: a warning says so and training runs unsharded.
 
     Raises:
-        ConfigError: in parameter-server mode, or with gradient compression (not composed
-            yet).
+        ConfigError: in parameter-server mode, or with PowerSGD compression (its low-rank
+            factors are of whole matrices, which no replica holds the gradient of).
     """
     if not config.data_parallel.shard_optimizer_state:
         return None
@@ -90,20 +95,24 @@ def from_config(config: StrategyConfig, strategy_plan: Plan) -> ZeroSharding | N
         logger.warning("hybridpar: %s has no effect with 1 replica (nothing to shard over); "
                        "training unsharded.", head)
         return None
-    if config.communication.compression != "none":
+    compression = config.communication.compression
+    if compression == "powersgd":
         raise ConfigError(
-            f"{head} does not compose with gradient compression yet. Received: "
-            f"communication.compression={config.communication.compression!r}. Set one of "
-            "them off (compression 'none', or shard_optimizer_state false)."
+            f"{head} reduce-scatters flat shards of the gradients, and PowerSGD compresses "
+            "whole gradient matrices into low-rank factors, so the two do not compose. "
+            "Received: communication.compression='powersgd'. Use compression 'fp16' or "
+            "'bf16' (the reduce-scatter is sent in that dtype), or set "
+            "shard_optimizer_state to false."
         )
-    return ZeroSharding(strategy_plan.mode)
+    return ZeroSharding(strategy_plan.mode, LOW_DTYPES.get(compression))
 
 
 class ZeroSharding:
     """``shard_optimizer_state`` of one strategy: the sharded state of each optimizer."""
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, wire: tf.DType | None = None) -> None:
         self.mode = mode
+        self.wire = wire
         self._states: weakref.WeakKeyDictionary[Any, ShardedState] = weakref.WeakKeyDictionary()
 
     def note_slot(self, optimizer: Any, reference: Any, name: str) -> None:
@@ -122,8 +131,10 @@ class ZeroSharding:
         if optimizer not in self._states:
             self.check(optimizer)
             with tf.init_scope():
-                self._states[optimizer] = ShardedState(strategy, optimizer, variables)
-            logger.info("hybridpar: %s", self._states[optimizer].plan.summary())
+                self._states[optimizer] = ShardedState(strategy, optimizer, variables,
+                                                       self.wire)
+            wire = "" if self.wire is None else f"; gradients reduce-scattered as {self.wire.name}"
+            logger.info("hybridpar: %s%s", self._states[optimizer].plan.summary(), wire)
         return self._states[optimizer]
 
     def state_for(self, optimizer: Any) -> ShardedState | None:
@@ -208,10 +219,13 @@ class ShardedState:
         strategy: the strategy (cross-replica context).
         optimizer: the user's optimizer, built without slots.
         variables: the trainable variables it trains, in its order.
+        wire: the dtype float32/float64 gradients are sent in by the reduce-scatter
+            (``communication.compression`` fp16/bf16), or ``None`` for their own.
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, optimizer: Any,
-                 variables: Sequence[Any]) -> None:
+                 variables: Sequence[Any], wire: tf.DType | None = None) -> None:
+        self.wire = wire
         self._index = {id(v): i for i, v in enumerate(variables)}
         self.slots: list[tuple[int, str]] = []  # (variable index, slot name), Keras's order
         self.slot_paths: list[str] = []
@@ -313,8 +327,12 @@ class ShardedState:
     def _reduce_scattered(self, bucket: zero_plan.Bucket, grads: Sequence[Any],
                           launcher: Any) -> tf.Tensor:
         chunks = self._chunks(bucket, [tf.cast(g, bucket.dtype) for g in grads])
-        received = _collective(collective_ops.all_to_all_v2, launcher, chunks)
-        return tf.reduce_sum(received, axis=0)
+        dtype = tf.as_dtype(bucket.dtype)
+        if self.wire is None or dtype not in FLOATING:
+            return tf.reduce_sum(_collective(collective_ops.all_to_all_v2, launcher, chunks), 0)
+        sent = to_wire(chunks, self.wire, self.replicas)
+        received = _collective(collective_ops.all_to_all_v2, launcher, sent)
+        return tf.reduce_sum(from_wire(received, dtype, self.replicas), axis=0)
 
     def _write_gathered(self, bucket: zero_plan.Bucket, shard: Any, variables: Sequence[Any],
                         launcher: Any) -> None:
