@@ -11,7 +11,8 @@ trainer (``hybridpar.training``); the fixes that are parts of that trainer
 ``unbatched_input``) hold the code it runs and name ``trainer_hooks`` in
 ``part_of``; ``xla_replicas`` is the replicated ``jit_compile`` step they use.
 The others patch Keras/TensorFlow attributes of their own
-(``replica_share``, ``gradient_all_reduce``, ``metric_reduction``,
+(``replica_share``, ``gradient_all_reduce``, ``loss_scale_finiteness``,
+``metric_reduction``,
 ``chief_files``, ``legacy_keras``, ``sync_batch_norm``,
 ``sharded_optimizer`` (ZeRO stage 1), ``model_scope`` (models built outside
 the scope), the stage hooks ``stage_marks``/``stage_calls``/
@@ -46,6 +47,7 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     gradient_compression,
     legacy_keras,
     local_job,
+    loss_scale_finiteness,
     metric_reduction,
     microbatch_step,
     model_scope,

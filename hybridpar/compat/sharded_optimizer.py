@@ -18,6 +18,11 @@ three places:
   and updates each variable in a ``merge_call``, runs the sharded update in
   the replica instead. This is the one call in the train step.
 
+A ``LossScaleOptimizer`` (``mixed_float16``) keeps its scale and counter and
+is not sharded itself: its inner optimizer is, and the update runs in the
+branch the all-reduced finiteness check (``loss_scale_finiteness``) chose, so
+every replica enters the collectives or none does.
+
 The replica optimizers are not under the strategy (their variables are
 plain), so none of this acts on them.
 """
@@ -29,7 +34,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 from keras.src.backend.tensorflow import optimizer as keras_tf_optimizer
-from keras.src.optimizers import base_optimizer
+from keras.src.optimizers import base_optimizer, loss_scale_optimizer
 
 from hybridpar.compat.patching import Fix, Patch, register
 from hybridpar.compat.replica_share import current_share
@@ -51,6 +56,8 @@ def _in_replica(self: Any, *args: Any, **kwargs: Any) -> bool:
 
 def _build(original: Any) -> Any:
     def build(self, variables):
+        if isinstance(self, loss_scale_optimizer.LossScaleOptimizer):
+            return original(self, variables)  # it has no slots; its inner one is sharded
         sharding = _sharding(self)
         sharding.check(self)
         original(self, variables)

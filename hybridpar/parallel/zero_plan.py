@@ -41,8 +41,6 @@ NOT_ELEMENT_WISE = {
     "Muon": "it orthogonalises each whole matrix update",
     "Nadam": "it keeps one momentum-schedule product shared by all variables",
     "Ftrl": "its learning-rate power and shrinkage were not verified element by element",
-    "LossScaleOptimizer": "its finiteness check and dynamic scale are not composed with "
-                          "sharding yet",
 }
 
 

@@ -394,6 +394,24 @@ def legacy_keras_routing() -> dict:
     return {"outcomes": outcomes, "keras3": type(dense).__module__}
 
 
+def loss_scale_overflow_on_one_replica() -> dict:
+    """A LossScaleOptimizer step under MirroredStrategy (2 CPUs) where only replica 1's
+    half of the batch is inf: its gradients overflow, replica 0's do not."""
+    logical_cpus(2)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 8)).astype("float32")
+    x[8:] = np.inf
+    with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+        model.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    data = tf.data.Dataset.from_tensor_slices((x, rng.integers(0, 4, 16))).batch(16)
+    model.fit(data, epochs=1, verbose=0)
+    return {"finite_weights": all(bool(np.isfinite(w).all()) for w in model.get_weights()),
+            "scale": float(model.optimizer.dynamic_scale.numpy()),
+            "iterations": int(model.optimizer.iterations.numpy())}
+
+
 CASES = {
     f.__name__: f
     for f in (
@@ -411,6 +429,7 @@ CASES = {
         steps_per_execution_mirrored,
         jit_compile_mirrored,
         per_microbatch_weight_gradients,
+        loss_scale_overflow_on_one_replica,
     )
 }
 
