@@ -10,6 +10,12 @@ synthetic data (global batch 64), sharded and unsharded:
 - ``step_time_ratio=``: median step time sharded over unsharded on 4 logical
   CPUs, in interleaved pairs (the order alternates), median over pairs
   (target <= 1.10);
+- ``step_peak_ratio=``: the CPU allocator's peak bytes above a step's start
+  (``tf.config.experimental.get_memory_info``, median of 5 one-step fits per
+  run), sharded over unsharded, median over the pairs. Transient memory: the
+  gradients and the reduce-scatter's copies of them, which
+  ``zero_plan.BUCKET_ELEMENTS`` bounds (not a target of the issue; stage 2's
+  question, see docs/modes/sharded-optimizer.md);
 - ``wire_bytes_ratio=``: TCP payload of the cluster's sockets per step (``ss``,
   as ``benchmarks/compression.py``) on 2 real workers on localhost, sharded
   over unsharded, median over ``--rounds`` pairs of clusters (target <= 1.05).
@@ -17,6 +23,7 @@ synthetic data (global batch 64), sharded and unsharded:
   21 B for a run whose rerun read 10.6 MB per step.
 
     python benchmarks/zero.py [--pairs 3] [--steps 20] [--rounds 2] [--no_cluster]
+                              [--bucket_elements N]
 """
 
 from __future__ import annotations
@@ -49,6 +56,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20, help="Timed steps per run.")
     parser.add_argument("--rounds", type=int, default=2, help="Pairs of 2-worker clusters.")
     parser.add_argument("--no_cluster", action="store_true", help="Skip the 2-worker part.")
+    parser.add_argument("--bucket_elements", type=int, default=None,
+                        help="ZeRO's bucket cap for the 4-replica runs (default: "
+                             "zero_plan.BUCKET_ELEMENTS), to compare step peaks.")
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.pairs < 1 or args.rounds < 1 or args.steps < 2:
@@ -124,6 +134,17 @@ def _timed_fit(keras: Any, model: Any, data: Any) -> float:
     return statistics.median(times[1:])
 
 
+def _step_peak(tf: Any, model: Any, fits: int = 5) -> float:
+    """The median over ``fits`` one-step fits of the allocator's peak above the start."""
+    peaks = []
+    for _ in range(fits):
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        start = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        model.fit(_data(tf, 1), epochs=1, verbose=0)
+        peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - start)
+    return statistics.median(peaks)
+
+
 def run_mirrored(args: argparse.Namespace) -> dict[str, Any]:
     """Memory and interleaved step times on ``REPLICAS`` logical CPUs, in this process."""
     import hybridpar
@@ -131,6 +152,11 @@ def run_mirrored(args: argparse.Namespace) -> dict[str, Any]:
     hybridpar.testing.use_logical_cpus(REPLICAS)
     import keras
     import tensorflow as tf
+
+    from hybridpar.parallel import zero_plan
+
+    if args.bucket_elements is not None:
+        zero_plan.BUCKET_ELEMENTS = args.bucket_elements
 
     devices = [f"/cpu:{i}" for i in range(REPLICAS)]
     built = {v: _model(hybridpar, keras, {
@@ -140,10 +166,11 @@ def run_mirrored(args: argparse.Namespace) -> dict[str, Any]:
     for model, _ in built.values():
         model.fit(_data(tf, 3), epochs=1, verbose=0)  # trace and build before timing
     memory = {v: optimizer_bytes(*built[v]) for v in VARIANTS}
-    pairs = []
+    pairs, peaks = [], []
     for order in pair_orders(args.pairs):
         pairs.append({v: _timed_fit(keras, built[v][0], _data(tf, args.steps)) for v in order})
-    return {"memory": memory, "pairs": pairs,
+        peaks.append({v: _step_peak(tf, built[v][0]) for v in order})
+    return {"memory": memory, "pairs": pairs, "peaks": peaks,
             "weights": sum(int(v.shape.num_elements()) for v in built["sharded"][0].weights)}
 
 
@@ -211,11 +238,13 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"{args.steps} timed steps")
     for variant in VARIANTS:
         print(f"{variant}: optimizer bytes per device {result['memory'][variant]}")
-    for i, pair in enumerate(result["pairs"]):
-        print(f"pair {i}: " + ", ".join(f"{v} {pair[v] * 1e3:.1f} ms" for v in pair))
+    for i, (pair, peak) in enumerate(zip(result["pairs"], result["peaks"], strict=True)):
+        print(f"pair {i}: " + ", ".join(f"{v} {pair[v] * 1e3:.1f} ms, step peak "
+                                        f"{peak[v] / 1e6:.2f} MB" for v in pair))
     print(f"optimizer_memory_ratio="
           f"{memory_ratio(result['memory']['sharded'], result['memory']['unsharded']):.4f}")
     print(f"step_time_ratio={pair_ratio(result['pairs']):.4f}")
+    print(f"step_peak_ratio={pair_ratio(result['peaks']):.4f}")
     if wire:
         report_wire(wire, result["weights"])
 

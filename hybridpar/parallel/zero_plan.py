@@ -4,7 +4,8 @@
 the optimizer slots of ``1/N`` of the weights. The weights are flattened and
 concatenated into one bucket per (dtype, device group): a device group is
 the set of devices a variable's copies live on, so every model-parallel
-stage's variables form buckets of their own. A bucket of ``n`` elements is
+stage's variables form buckets of their own; a bucket holds at most
+``BUCKET_ELEMENTS`` elements, unless one variable is larger. A bucket of ``n`` elements is
 cut into ``N`` contiguous shards whose sizes differ by at most one element
 (``n // N`` or ``n // N + 1``), each padded to ``ceil(n / N)`` so that the
 collectives move equal chunks.
@@ -31,6 +32,13 @@ from hybridpar.errors import ConfigError
 
 THRESHOLD_ELEMENTS = 0
 """Tensors smaller than this stay unsharded: none, since buckets are flat."""
+
+BUCKET_ELEMENTS = 2**20
+"""Elements a bucket takes before the next variable opens a new one (4 MiB of float32;
+a larger variable is a bucket of its own). A step copies each bucket's gradients about
+three times (flat, padded chunks, received chunks) while it reduce-scatters it, and the
+graph frees each gradient once its bucket is copied, so the cap bounds that transient
+memory: one bucket of a whole model would hold three extra copies of every gradient."""
 
 ELEMENT_WISE = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Lion", "Adamax", "Adadelta")
 """The Keras optimizers whose ``update_step`` is element-wise (Keras 3.15)."""
@@ -166,8 +174,11 @@ class ZeroPlan:
                 f"{min(per_replica):,} to {max(per_replica):,} elements per replica")
 
 
-def plan(specs: Sequence[VariableSpec], replicas: int) -> ZeroPlan:
-    """The buckets of ``specs`` (in order) over ``replicas`` replicas.
+def plan(specs: Sequence[VariableSpec], replicas: int,
+         bucket_elements: int | None = None) -> ZeroPlan:
+    """The buckets of ``specs`` (in order) over ``replicas`` replicas: consecutive
+    variables of one dtype and device group, up to ``bucket_elements`` per bucket
+    (``BUCKET_ELEMENTS`` when ``None``).
 
     Raises:
         ValueError: for fewer than one replica or a variable without a static shape.
@@ -179,11 +190,27 @@ def plan(specs: Sequence[VariableSpec], replicas: int) -> ZeroPlan:
         if any(d is None or d < 0 for d in spec.shape):
             raise ValueError(f"variable {spec.name!r} has no static shape: {spec.shape}.")
         groups.setdefault((spec.dtype, spec.group), []).append(index)
-    buckets = tuple(
-        Bucket(dtype, group, tuple(indices), tuple(specs[i].size for i in indices), replicas)
-        for (dtype, group), indices in groups.items()
-    )
-    return ZeroPlan(buckets, replicas)
+    buckets = []
+    for (dtype, group), indices in groups.items():
+        cap = BUCKET_ELEMENTS if bucket_elements is None else bucket_elements
+        for run in _capped(indices, [specs[i].size for i in indices], cap):
+            buckets.append(Bucket(dtype, group, tuple(run),
+                                  tuple(specs[i].size for i in run), replicas))
+    return ZeroPlan(tuple(buckets), replicas)
+
+
+def _capped(indices: list[int], sizes: list[int], cap: int) -> list[list[int]]:
+    """``indices`` cut into consecutive runs of at most ``cap`` elements (a larger
+    variable alone)."""
+    runs: list[list[int]] = [[]]
+    total = 0
+    for index, size in zip(indices, sizes, strict=True):
+        if runs[-1] and total + size > cap:
+            runs.append([])
+            total = 0
+        runs[-1].append(index)
+        total += size
+    return runs
 
 
 def check_shardable(optimizer: str, options: dict[str, object], mode: str) -> None:

@@ -14,7 +14,7 @@ import tensorflow as tf
 from model_checks import copy_spread, max_weight_difference  # beside this file's folder
 
 import hybridpar
-from hybridpar.parallel import zero
+from hybridpar.parallel import zero, zero_plan
 
 pytestmark = pytest.mark.strategy
 
@@ -105,6 +105,19 @@ def test_sharding_composes_with_accumulation_and_steps_per_execution(composed):
     assert max_weight_difference(sharded.get_weights(), unsharded.get_weights()) <= 1e-5
     assert max_weight_difference(sharded.get_weights(), single.get_weights()) <= 1e-5
     assert int(sharded.optimizer.iterations.numpy()) == 14  # one update per batch
+
+
+def test_several_buckets_train_to_the_unsharded_weights(monkeypatch, caplog):
+    """A cap of 200 elements cuts the 697 weights into 2 buckets: the 528-element kernel
+    alone, then the other three (169); each is sharded and reduce-scattered on its own."""
+    monkeypatch.setattr(zero_plan, "BUCKET_ELEMENTS", 200)
+    with caplog.at_level(logging.INFO, logger="hybridpar"):
+        sharded, hs = train(config(True), "adam")
+    unsharded, _ = train(config(False), "adam")
+    plan = hs.state.zero.state_for(sharded.optimizer).plan
+    assert [bucket.sizes for bucket in plan.buckets] == [(528,), (33, 132, 4)]
+    assert "697 elements in 2 bucket(s); 174 to 175 elements per replica" in caplog.text
+    assert max_weight_difference(sharded.get_weights(), unsharded.get_weights()) <= 1e-5
 
 
 STAGES = {"stages": 2, "placement": {"^first$": 0, "^second$": 1}}

@@ -82,3 +82,12 @@ def test_the_config_key_is_declared_and_refused_in_parameter_server_mode():
     with pytest.raises(ConfigError, match="needs mode .mirrored. or .multi_worker."):
         StrategyConfig.from_dict({"data_parallel": {"mode": "parameter_server",
                                                     "shard_optimizer_state": True}})
+
+
+def test_buckets_are_capped_and_a_larger_variable_is_a_bucket_of_its_own():
+    plan = zero_plan.plan(specs((6,), (3,), (2,), (20,), (1,), (4,)), 2, bucket_elements=10)
+    assert [b.indices for b in plan.buckets] == [(0, 1), (2,), (3,), (4, 5)]
+    assert zero_plan.BUCKET_ELEMENTS == 2**20
+    # the benchmark's MLP 256-1024-1024-10: the 1024 x 1024 kernel fills one bucket
+    mlp = specs((256, 1024), (1024,), (1024, 1024), (1024,), (1024, 10), (10,))
+    assert [b.indices for b in zero_plan.plan(mlp, 4).buckets] == [(0, 1), (2,), (3, 4, 5)]
