@@ -8,7 +8,15 @@ import json
 
 import pytest
 import tensorflow as tf
-from test_checkpoint import STEPS, launch, max_weight_diff, reference, result, script  # noqa: F401
+from test_checkpoint import (  # noqa: F401  (reference is a fixture)
+    STEPS,
+    launch,
+    max_weight_diff,
+    reference,
+    result,
+    script,
+    single,
+)
 
 pytestmark = [pytest.mark.multiworker, pytest.mark.slow]
 
@@ -31,6 +39,22 @@ def test_two_sharded_workers_train_to_the_single_process_weights(tmp_path, refer
     output = run.stdout + run.stderr
     assert output.count("optimizer state sharded over 2 replicas: 4 variable(s), 482 "
                         "elements in 1 bucket(s); 241 to 241 elements per replica") == 2
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd_momentum"])
+def test_two_sharded_workers_train_other_optimizers_to_the_single_process_weights(
+        optimizer, tmp_path):
+    run = launch(script(tmp_path / "out", tmp_path / "ckpt", "--shard", "--optimizer",
+                        optimizer))
+    assert run.returncode == 0, run.stderr[-4000:]
+    alone = single(script(tmp_path / "single", tmp_path / "single-ckpt", "--optimizer",
+                          optimizer))
+    assert alone.returncode == 0, alone.stderr[-4000:]
+    reference_run = result(tmp_path / "single" / "single-run0.json")
+    chief = result(tmp_path / "out" / "worker-0-run0.json")
+    assert chief["num_replicas"] == 2 and chief["steps"] == STEPS
+    assert max_weight_diff(chief, result(tmp_path / "out" / "worker-1-run0.json")) == 0.0
+    assert max_weight_diff(chief, reference_run) <= 1e-5
 
 
 def test_a_killed_sharded_worker_resumes_with_every_workers_optimizer_shards(

@@ -123,6 +123,21 @@ def test_several_buckets_train_to_the_unsharded_weights(monkeypatch, caplog):
 STAGES = {"stages": 2, "placement": {"^first$": 0, "^second$": 1}}
 
 
+def hybrid_runs(optimizer: str, pipeline: dict) -> tuple:
+    """Sharded and unsharded 2 x 2 hybrid training, and single-device training."""
+    def run(shard: bool):
+        return train({**config(shard), "model_parallel": {**STAGES, **pipeline}}, optimizer)
+
+    return run(True), run(False), train(config(False, "none"), optimizer)[0]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd_momentum", "adamw"])
+def test_a_2x2_hybrid_trains_other_optimizers_like_one_device(optimizer):
+    (sharded, _), (unsharded, _), single = hybrid_runs(optimizer, {"microbatches": 2})
+    assert max_weight_difference(sharded.get_weights(), unsharded.get_weights()) <= 1e-5
+    assert max_weight_difference(sharded.get_weights(), single.get_weights()) <= 1e-5
+
+
 @pytest.mark.parametrize("pipeline", [{"microbatches": 1}, {"microbatches": 4},
                                       {"microbatches": 4, "schedule": "1f1b"}])
 def test_a_2x2_hybrid_shards_each_stage_over_its_group(pipeline):
@@ -130,11 +145,7 @@ def test_a_2x2_hybrid_shards_each_stage_over_its_group(pipeline):
     (first layer's 561 weights on CPU 0 and 2, second's 136 on CPU 1 and 3), each shard's
     slots on the device holding its weights; training equals unsharded hybrid training and
     one device."""
-    def run(shard: bool):
-        return train({**config(shard), "model_parallel": {**STAGES, **pipeline}}, "adam")
-
-    (sharded, hs), (unsharded, hu) = run(True), run(False)
-    single, _ = train(config(False, "none"), "adam")
+    (sharded, hs), (unsharded, hu), single = hybrid_runs("adam", pipeline)
     assert hs.num_replicas == 2 and hs.state.stages == 2
     assert max_weight_difference(sharded.get_weights(), unsharded.get_weights()) <= 1e-5
     assert max_weight_difference(sharded.get_weights(), single.get_weights()) <= 1e-5

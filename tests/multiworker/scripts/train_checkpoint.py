@@ -61,6 +61,13 @@ def compression_state(model: keras.Model, hs: hybridpar.HybridStrategy) -> list:
     return [a.tolist() for a in powersgd.capture(hs.strategy)] if powersgd else []
 
 
+OPTIMIZERS = {
+    "adam": lambda: keras.optimizers.Adam(0.01),
+    "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05),
+    "sgd_momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+}
+
+
 def optimizer_bytes(model: keras.Model, hs: hybridpar.HybridStrategy) -> dict:
     """Bytes of optimizer state on each of this task's devices (sharded or not)."""
     from hybridpar.parallel import zero
@@ -85,6 +92,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=2, help="PowerSGD's rank")
     parser.add_argument("--validate", action="store_true")
     parser.add_argument("--shard", action="store_true", help="shard_optimizer_state: true")
+    parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZERS))
     parser.add_argument("--no_callbacks_on", default="",
                         help="a task that passes no callbacks to fit (a broken script)")
     args = parser.parse_args()
@@ -112,7 +120,7 @@ def main() -> None:
             keras.layers.Dense(32, activation="relu"),
             keras.layers.Dense(2),
         ])
-        model.compile(optimizer=keras.optimizers.Adam(0.01),
+        model.compile(optimizer=OPTIMIZERS[args.optimizer](),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
         callbacks = [] if task == args.no_callbacks_on else hs.callbacks()
