@@ -52,6 +52,8 @@ OPTIMIZERS = {
     "rmsprop": lambda: keras.optimizers.RMSprop(0.01, centered=True),
     "adagrad": lambda: keras.optimizers.Adagrad(0.1),
     "lion": lambda: keras.optimizers.Lion(0.001),
+    # Keras clips each replica's gradients before they are summed, sharded or not
+    "adam_global_clipnorm": lambda: keras.optimizers.Adam(0.01, global_clipnorm=0.05),
 }
 
 
@@ -210,7 +212,7 @@ def test_powersgd_with_sharding_is_refused():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", ["rmsprop", "adagrad", "lion"])
+@pytest.mark.parametrize("optimizer", ["rmsprop", "adagrad", "lion", "adam_global_clipnorm"])
 def test_other_element_wise_optimizers_train_to_the_unsharded_weights(optimizer):
     sharded, _ = train(config(True), optimizer, epochs=1)
     unsharded, _ = train(config(False), optimizer, epochs=1)
