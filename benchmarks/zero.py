@@ -20,7 +20,8 @@ synthetic data (global batch 64), sharded and unsharded:
   as ``benchmarks/compression.py``) on 2 real workers on localhost, sharded
   over unsharded, median over ``--rounds`` pairs of clusters (target <= 1.05).
   Every cluster's bytes per step are printed: the ``ss`` sampler has once read
-  21 B for a run whose rerun read 10.6 MB per step.
+  21 B for a run whose rerun read 10.6 MB per step. ``cluster_step_time_ratio=``
+  is the chief's median step there, sharded over unsharded (reported, no target).
 
     python benchmarks/zero.py [--pairs 3] [--steps 20] [--rounds 2] [--no_cluster]
                               [--bucket_elements N]
@@ -57,8 +58,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="Pairs of 2-worker clusters.")
     parser.add_argument("--no_cluster", action="store_true", help="Skip the 2-worker part.")
     parser.add_argument("--bucket_elements", type=int, default=None,
-                        help="ZeRO's bucket cap for the 4-replica runs (default: "
-                             "zero_plan.BUCKET_ELEMENTS), to compare step peaks.")
+                        help="ZeRO's bucket cap (default: zero_plan.BUCKET_ELEMENTS), to "
+                             "compare step peaks and times.")
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.pairs < 1 or args.rounds < 1 or args.steps < 2:
@@ -180,7 +181,10 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     import tensorflow as tf
 
     import hybridpar  # joins the TF_CONFIG cluster before any op runs
+    from hybridpar.parallel import zero_plan
 
+    if args.bucket_elements is not None:
+        zero_plan.BUCKET_ELEMENTS = args.bucket_elements
     tf_config = json.loads(os.environ["TF_CONFIG"])
     ports = [int(a.rsplit(":", 1)[1]) for a in tf_config["cluster"]["worker"]]
     wire = Wire("ss", ports, tf_config["task"]["index"])
@@ -204,6 +208,8 @@ def run_cluster(variant: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 
     command = [sys.executable, os.path.abspath(__file__), f"--child={variant}",
                f"--steps={args.steps}"]
+    if args.bucket_elements is not None:
+        command.append(f"--bucket_elements={args.bucket_elements}")
     out, err = io.StringIO(), io.StringIO()
     code = launch(command, 2, timeout=CLUSTER_TIMEOUT_S,
                   env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, stdout=out, stderr=err,
@@ -219,12 +225,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(json.dumps(run_worker(args)), flush=True)
         return
     wire: list[dict[str, float]] = []
+    cluster_steps: list[dict[str, float]] = []
     # the clusters first, before this process starts TensorFlow's threads
     for order in [] if args.no_cluster else pair_orders(args.rounds):
         wire.append({})
+        cluster_steps.append({})
         for variant in order:
             records = run_cluster(variant, args)
             wire[-1][variant] = sum(r["wire_bytes"] for r in records) / args.steps
+            cluster_steps[-1][variant] = records[0]["median_step_s"]
             print(f"{variant}: 2 workers, {wire[-1][variant]:,.0f} B on the wire per step, "
                   f"median step {records[0]['median_step_s'] * 1e3:.1f} ms, optimizer bytes "
                   f"{records[0]['optimizer_bytes']}", flush=True)
@@ -247,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"step_peak_ratio={pair_ratio(result['peaks']):.4f}")
     if wire:
         report_wire(wire, result["weights"])
+        print(f"cluster_step_time_ratio={pair_ratio(cluster_steps):.4f}")
 
 
 def report_wire(rounds: list[dict[str, float]], weights: int) -> None:
