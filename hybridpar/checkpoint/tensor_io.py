@@ -4,8 +4,9 @@
 tensor on the variable's own device: nothing is copied to the chief, and
 TensorFlow copies a variable's buffer before an update while such a read is
 alive, so training on does not change the snapshot. ``write`` then runs one
-``SaveV2`` per task that holds parts (each parameter server writes its own
-shards and slots to ``checkpoint.dir`` from its own process) and merges the
+``SaveV2`` per task that holds parts, all at once (each parameter server
+writes its own shards and slots to ``checkpoint.dir`` from its own process,
+and hashes them while the others hash theirs) and merges the
 bundles' indexes on this task (``MergeV2Checkpoints``), as
 ``tf.train.Checkpoint``'s multi-device saver does. A sharded variable is
 saved as row slices of one logical tensor. ``BundleReader`` restores each
@@ -17,6 +18,7 @@ itself and the chief never holds a table. A ZeRO shard's part of a slot
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import os
@@ -145,11 +147,8 @@ def write(partial: str | os.PathLike, pieces: Sequence[Piece], hash_remote: Hash
     hosts = sorted(by_host)
     parts_dir = storage.join(partial, "parts")
     prefixes = [os.fspath(storage.join(parts_dir, f"part-{i:05d}")) for i in range(len(hosts))]
-    for prefix, host in zip(prefixes, hosts, strict=True):
-        group = by_host[host]
-        with tf.device(f"{host}/device:CPU:0"):
-            gen_io_ops.save_v2(prefix, [p.key for p in group], [p.spec for p in group],
-                               [p.value for p in group])
+    _save_in_parallel([(prefix, host, by_host[host]) for prefix, host in
+                       zip(prefixes, hosts, strict=True)])
     me = local_host()
     total = len(hosts) + len(written)
     with tf.device(f"{me}/device:CPU:0"):
@@ -169,10 +168,30 @@ def write(partial: str | os.PathLike, pieces: Sequence[Piece], hash_remote: Hash
             entries[name] = _hash_here(partial, name, me)
         else:
             remote.setdefault(host, []).append(name)
-    for host, names in remote.items():
-        for name, entry in hash_remote(partial, task_name(host), names).items():
-            entries[name] = {**entry, "task": task_name(host)}
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(remote))) as pool:
+        answers = {host: pool.submit(hash_remote, partial, task_name(host), names)
+                   for host, names in remote.items()}
+        for host, answer in answers.items():
+            for name, entry in answer.result().items():
+                entries[name] = {**entry, "task": task_name(host)}
     return entries
+
+
+def _save_in_parallel(bundles: Sequence[tuple[str, str, list[Piece]]]) -> None:
+    """One ``SaveV2`` per ``(prefix, host, pieces)``, each on its host, all in one graph.
+
+    Run eagerly, an op on another task returns only when it is done, so the tasks
+    would write one after another; in one ``tf.function`` (as ``tf.train.Checkpoint``'s
+    multi-device saver runs them) every task writes its file at the same time.
+    """
+    @tf.function(autograph=False)
+    def save() -> None:
+        for prefix, host, group in bundles:
+            with tf.device(f"{host}/device:CPU:0"):
+                gen_io_ops.save_v2(prefix, [p.key for p in group], [p.spec for p in group],
+                                   [p.value for p in group])
+
+    save()
 
 
 def _hash_here(partial: str | os.PathLike, name: str, host: str) -> dict[str, Any]:
