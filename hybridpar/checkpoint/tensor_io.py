@@ -178,20 +178,24 @@ def write(partial: str | os.PathLike, pieces: Sequence[Piece], hash_remote: Hash
 
 
 def _save_in_parallel(bundles: Sequence[tuple[str, str, list[Piece]]]) -> None:
-    """One ``SaveV2`` per ``(prefix, host, pieces)``, each on its host, all in one graph.
+    """One ``SaveV2`` per ``(prefix, host, pieces)``, each on its host, all at once.
 
-    Run eagerly, an op on another task returns only when it is done, so the tasks
-    would write one after another; in one ``tf.function`` (as ``tf.train.Checkpoint``'s
-    multi-device saver runs them) every task writes its file at the same time.
+    Run eagerly, an op on another task returns only when it is done, so in one
+    thread the tasks would write one after another; one thread per task lets every
+    parameter server write its file at the same time (as ``tf.train.Checkpoint``'s
+    multi-device saver does, in a graph).
     """
-    @tf.function(autograph=False)
-    def save() -> None:
-        for prefix, host, group in bundles:
-            with tf.device(f"{host}/device:CPU:0"):
-                gen_io_ops.save_v2(prefix, [p.key for p in group], [p.spec for p in group],
-                                   [p.value for p in group])
+    def save(prefix: str, host: str, group: list[Piece]) -> None:
+        with tf.device(f"{host}/device:CPU:0"):
+            gen_io_ops.save_v2(prefix, [p.key for p in group], [p.spec for p in group],
+                               [p.value for p in group])
 
-    save()
+    if len(bundles) == 1:
+        save(*bundles[0])
+        return
+    with concurrent.futures.ThreadPoolExecutor(len(bundles)) as pool:
+        for done in [pool.submit(save, *bundle) for bundle in bundles]:
+            done.result()
 
 
 def _hash_here(partial: str | os.PathLike, name: str, host: str) -> dict[str, Any]:
