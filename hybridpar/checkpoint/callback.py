@@ -296,10 +296,10 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         if not self.writes:
             model_state.write_own_shards(self.model, self.directory, step, pieces)
             return None
-        directory, hasher = self.directory, model_state.hasher_for(self.model, self.directory)
+        directory = self.directory
 
         def write() -> None:
-            model_state.write(directory, pieces, manifest, hasher)
+            model_state.write(directory, pieces, manifest)
 
         path = self.writer.submit(self.directory, step, write, self.keep)
         self.saved.append(path)

@@ -42,10 +42,15 @@ def _round_key() -> str:
 def _choice(found: Found | None) -> str:
     if found is None:
         return json.dumps({"name": None})
-    fingerprint = {name: entry.get("sha256") for name, entry in found.manifest["files"].items()}
+    fingerprint = _fingerprint(found.manifest)
     return json.dumps({"name": storage.name(found.path), "step": found.step,
                        "where": os.fspath(found.path), "files": fingerprint,
                        "skipped": [[storage.name(p), why] for p, why in found.skipped]})
+
+
+def _fingerprint(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Each file's SHA-256 (the index's covers every tensor's CRC32C), else its size."""
+    return {name: entry.get("sha256", entry["bytes"]) for name, entry in manifest["files"].items()}
 
 
 def choose(directory: str | os.PathLike, *, coordinated: bool, is_chief: bool,
@@ -86,8 +91,8 @@ def _follow(choice: dict[str, Any], directory: str | os.PathLike, task: str) -> 
     except CheckpointDamagedError as err:
         manifest, problem = None, str(err)
     else:
-        theirs = {name: entry.get("sha256") for name, entry in manifest["files"].items()}
-        problem = None if theirs == choice["files"] else "it holds another checkpoint there"
+        same = _fingerprint(manifest) == choice["files"]
+        problem = None if same else "it holds another checkpoint there"
     if manifest is None or problem:
         raise ConfigError(
             f"The chief chose checkpoint {choice['where']} (step {choice['step']}) to restore, "

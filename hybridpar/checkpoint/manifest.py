@@ -16,7 +16,11 @@ Two formats exist:
 
 Both have ``manifest.json``, written last by the chief: step, data position,
 config, topology, the logical variables of each group and every file's size
-and SHA-256.
+and checksum: the SHA-256 of ``state.npz`` or ``state.index``, and for a
+format-2 data file ``CRC32C``, TensorFlow's checksum of each tensor, computed
+as it was written and kept in the index (so the index's SHA-256 covers them).
+Format-2 checkpoints written before 2026-12-04 hold a SHA-256 for data files
+too; it is still checked.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ GROUPS = ("model", "optimizer", "metrics")
 END_FILE = "training-end.json"
 END_FORMAT = "hybridpar-training-end/1"
 PARTIAL_PREFIX = ".partial-"
+CRC32C = "tensorflow-crc32c-per-tensor"  # a data file's "checksum": kept in state.index
 ZERO_STAGING_PREFIX = ".zero-"  # a worker's own ZeRO shards, before the chief merges them
 _NAME_RE = re.compile(r"^ckpt-(\d{8,})$")
 _MAX_LISTED = 8

@@ -28,7 +28,6 @@ from hybridpar.checkpoint import (
     layout,
     npz,
     publication,
-    remote_hashing,
     storage,
     tensor_io,
     zero_shards,
@@ -234,22 +233,16 @@ def assign_group(model: Any, group: str, values: Reader) -> None:
             tensor_io.assign(part, values.read(key(group, index), logical, part))
 
 
-def write(directory: str | os.PathLike, pieces: list[tensor_io.Piece], manifest: dict[str, Any],
-          hash_remote: tensor_io.Hasher | None = None) -> Any:
+def write(directory: str | os.PathLike, pieces: list[tensor_io.Piece],
+          manifest: dict[str, Any]) -> Any:
     """Writes a snapshot as checkpoint ``ckpt-<step>`` (partial directory, then published)."""
-    hasher = hash_remote or _hash_here
     workers = manifest.get("zero_workers", 1)
 
     def files_of(partial: Any) -> dict[str, dict[str, Any]]:
         written = zero_shards.collect(int(manifest["step"]), workers) if workers > 1 else []
-        return tensor_io.write(partial, pieces, hasher, written)
+        return tensor_io.write(partial, pieces, written)
 
     return publication.write_and_publish(directory, manifest, files_of)
-
-
-def _hash_here(partial: Any, task: str, names: list[str]) -> dict[str, dict[str, Any]]:
-    """Without a hashing service, this task hashes the files another task wrote."""
-    return remote_hashing.hash_files(partial, names)
 
 
 def save(model: Any, directory: str | os.PathLike, *, epoch: int = 0, batch: int = 0,
@@ -282,18 +275,13 @@ def save_position(model: Any, directory: str | os.PathLike, data: dict[str, Any]
     if not write_files:
         write_own_shards(model, directory, int(manifest["step"]), pieces)
         return None
-    return write(directory, pieces, manifest, hasher_for(model, directory))
+    return write(directory, pieces, manifest)
 
 
 def parameter_server(model: Any) -> bool:
     """Whether ``model`` lives in a hybridpar parameter-server strategy (its ps write and read)."""
     state = state_of(getattr(model, "_distribute_strategy", None))
     return state is not None and state.mode == "parameter_server"
-
-
-def hasher_for(model: Any, directory: str | os.PathLike) -> tensor_io.Hasher | None:
-    """How the files other tasks write are hashed: by those tasks, in parameter-server mode."""
-    return remote_hashing.Requester(directory) if parameter_server(model) else None
 
 
 def restore(model: Any, source: str | os.PathLike, *, optimizer: bool = True) -> Found:

@@ -5,10 +5,12 @@ tensor on the variable's own device: nothing is copied to the chief, and
 TensorFlow copies a variable's buffer before an update while such a read is
 alive, so training on does not change the snapshot. ``write`` then runs one
 ``SaveV2`` per task that holds parts, all at once (each parameter server
-writes its own shards and slots to ``checkpoint.dir`` from its own process,
-and hashes them while the others hash theirs) and merges the
-bundles' indexes on this task (``MergeV2Checkpoints``), as
-``tf.train.Checkpoint``'s multi-device saver does. A sharded variable is
+writes its own shards and slots to ``checkpoint.dir`` from its own process)
+and merges the bundles' indexes on this task (``MergeV2Checkpoints``), as
+``tf.train.Checkpoint``'s multi-device saver does. ``SaveV2`` computes each
+tensor's CRC32C as it writes it and stores it in the index, so the data
+files are never read back: the manifest holds their sizes and the index's
+SHA-256, and every read checks the CRC32C (``check_checksums`` reads all). A sharded variable is
 saved as row slices of one logical tensor. ``BundleReader`` restores each
 part with a ``RestoreV2`` placed on the part's device, asking for exactly its
 rows (the slices are re-cut on read), so a parameter server reads its rows
@@ -23,7 +25,7 @@ import dataclasses
 import math
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -31,16 +33,21 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context
 from tensorflow.python.ops import gen_io_ops
+from tensorflow.python.training import py_checkpoint_reader
 
 from hybridpar.checkpoint import flat_slices, storage
 from hybridpar.checkpoint.layout import FlatPart, Logical, Part
-from hybridpar.checkpoint.manifest import INDEX_FILE, STATE_PREFIX, data_file, key, slice_spec
+from hybridpar.checkpoint.manifest import (
+    CRC32C,
+    INDEX_FILE,
+    STATE_PREFIX,
+    data_file,
+    key,
+    slice_spec,
+)
 from hybridpar.errors import CheckpointDamagedError, ConfigError
 
 _HOST_RE = re.compile(r"^(/job:[^/]+/replica:\d+/task:\d+)")
-
-# (partial directory, task, files it wrote) -> {name: {"bytes", "sha256"}}
-Hasher = Callable[[Any, str, list[str]], dict[str, dict[str, Any]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,18 +135,18 @@ def arrays_as_pieces(arrays: dict[str, np.ndarray]) -> list[Piece]:
         return [Piece(name, "", tf.constant(value)) for name, value in arrays.items()]
 
 
-def write(partial: str | os.PathLike, pieces: Sequence[Piece], hash_remote: Hasher,
+def write(partial: str | os.PathLike, pieces: Sequence[Piece],
           written: Sequence[tuple[str, str]] = ()) -> dict[str, dict[str, Any]]:
     """Writes ``pieces`` into ``partial`` as one bundle, each task its own data file.
 
     Args:
         partial: the checkpoint's partial directory (it exists).
-        hash_remote: asks another task for the size and SHA-256 of files it wrote.
         written: ``(task, bundle prefix)`` of bundles other workers wrote themselves
-            (``zero_shards``), merged in and hashed here (the directory is shared).
+            (``zero_shards``), merged in here (the directory is shared).
 
     Returns:
-        ``{file name: {"bytes", "sha256", "task"}}`` of every file written.
+        ``{file name: entry}`` of every file written: ``{"bytes", "sha256", "task"}``
+        for the index, ``{"bytes", "checksum": CRC32C, "task"}`` for a data file.
     """
     by_host: dict[str, list[Piece]] = {}
     for piece in pieces:
@@ -149,31 +156,21 @@ def write(partial: str | os.PathLike, pieces: Sequence[Piece], hash_remote: Hash
     prefixes = [os.fspath(storage.join(parts_dir, f"part-{i:05d}")) for i in range(len(hosts))]
     _save_in_parallel([(prefix, host, by_host[host]) for prefix, host in
                        zip(prefixes, hosts, strict=True)])
-    me = local_host()
-    total = len(hosts) + len(written)
-    with tf.device(f"{me}/device:CPU:0"):
+    me = task_name(local_host())
+    with tf.device(f"{local_host()}/device:CPU:0"):
         gen_io_ops.merge_v2_checkpoints(prefixes + [prefix for _, prefix in written],
                                         os.fspath(storage.join(partial, STATE_PREFIX)),
                                         delete_old_dirs=True)
     storage.rmtree(parts_dir)
-    entries = {INDEX_FILE: _hash_here(partial, INDEX_FILE, me)}
-    for shard, (task, prefix) in enumerate(written, start=len(hosts)):
-        name = data_file(shard, total)
-        entries[name] = {**_hash_here(partial, name, me), "task": task}
+    for _, prefix in written:
         storage.rmtree(os.path.dirname(prefix))
-    remote: dict[str, list[str]] = {}
-    for shard, host in enumerate(hosts):
-        name = data_file(shard, total)
-        if host == me:
-            entries[name] = _hash_here(partial, name, me)
-        else:
-            remote.setdefault(host, []).append(name)
-    with concurrent.futures.ThreadPoolExecutor(max(1, len(remote))) as pool:
-        answers = {host: pool.submit(hash_remote, partial, task_name(host), names)
-                   for host, names in remote.items()}
-        for host, answer in answers.items():
-            for name, entry in answer.result().items():
-                entries[name] = {**entry, "task": task_name(host)}
+    size, digest = storage.sha256_of(storage.join(partial, INDEX_FILE))
+    entries = {INDEX_FILE: {"bytes": size, "sha256": digest, "task": me}}
+    writers = [task_name(host) for host in hosts] + [task for task, _ in written]
+    for shard, task in enumerate(writers):
+        name = data_file(shard, len(writers))
+        entries[name] = {"bytes": storage.size(storage.join(partial, name)),
+                         "checksum": CRC32C, "task": task}
     return entries
 
 
@@ -198,9 +195,37 @@ def _save_in_parallel(bundles: Sequence[tuple[str, str, list[Piece]]]) -> None:
             done.result()
 
 
-def _hash_here(partial: str | os.PathLike, name: str, host: str) -> dict[str, Any]:
-    size, digest = storage.sha256_of(storage.join(partial, name))
-    return {"bytes": size, "sha256": digest, "task": task_name(host)}
+_SHARD_RE = re.compile(r"shard (\d+)")
+
+
+def check_checksums(path: str | os.PathLike, shards: int) -> None:
+    """Reads every tensor of a format-2 checkpoint, so TensorFlow checks each one's CRC32C.
+
+    Each tensor is read whole, one at a time (a sharded table's slices joined):
+    the peak memory is the largest logical tensor.
+
+    Raises:
+        CheckpointDamagedError: naming the data file and the tensor that fail.
+    """
+    prefix = os.fspath(storage.join(path, STATE_PREFIX))
+    try:
+        reader = py_checkpoint_reader.NewCheckpointReader(prefix)
+    except (tf.errors.OpError, ValueError) as err:
+        raise CheckpointDamagedError(f"{os.fspath(path)}/{INDEX_FILE} is unreadable "
+                                     f"({_first_line(err)})") from None
+    for name in sorted(reader.get_variable_to_shape_map()):
+        try:
+            reader.get_tensor(name)
+        except (tf.errors.OpError, ValueError) as err:
+            shard = _SHARD_RE.search(str(err))
+            where = data_file(int(shard[1]), shards) if shard else "a data file"
+            raise CheckpointDamagedError(
+                f"{os.fspath(path)}: {where} fails TensorFlow's CRC32C check of {name} "
+                f"({_first_line(err)})") from None
+
+
+def _first_line(err: Exception) -> str:
+    return str(getattr(err, "message", err)).splitlines()[0]
 
 
 class BundleReader:

@@ -16,7 +16,6 @@ from typing import Any, NoReturn
 
 import tensorflow as tf
 
-from hybridpar.checkpoint import remote_hashing
 from hybridpar.config import PartitionerConfig
 from hybridpar.state import OwnedStrategy, StrategyState
 from hybridpar.strategies import ps_chief, ps_evaluator_job
@@ -83,9 +82,6 @@ def build(state: StrategyState) -> HybridParameterServerStrategy:
     """
     cluster = state.cluster
     assert cluster is not None, "make_plan refuses parameter_server without a cluster"
-    if cluster.task_type == "ps" and state.config.checkpoint.dir is not None:
-        # This ps writes its own checkpoint files; it hashes them for the manifest too.
-        remote_hashing.serve_in_background(state.config.checkpoint.dir, f"ps:{cluster.task_index}")
     if cluster.task_type in ("worker", "ps"):
         serve(cluster)
     strategy = HybridParameterServerStrategy(state)

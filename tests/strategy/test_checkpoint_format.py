@@ -42,7 +42,7 @@ def test_a_table_written_as_two_slices_is_read_into_three_and_whole(tmp_path):
     assert [p.spec for p in pieces] == ["7 3 0,4:-", "7 3 4,3:-"]
     two[0].assign(tf.zeros((4, 3)))  # after the snapshot: the files hold the values before
     storage.makedirs(tmp_path / "p")
-    entries = tensor_io.write(tmp_path / "p", pieces, hash_remote=None)
+    entries = tensor_io.write(tmp_path / "p", pieces)
     assert sorted(entries) == ["state.data-00000-of-00001", "state.index"]  # one task here
     three = rows(["/device:CPU:1", "/device:CPU:2", "/device:CPU:3"], np.zeros_like(table),
                  [3, 2, 2])

@@ -44,13 +44,13 @@ def test_writes_run_in_the_background_one_at_a_time(tmp_path, monkeypatch):
     original = tensor_io.write
     calls = []
 
-    def recorded(partial, pieces, hash_remote, written=()):
+    def recorded(partial, pieces, written=()):
         name = threading.current_thread().name
         events.add("write-start", name)
         calls.append(name)
         if len(calls) == 1:
             first_write_may_end.wait(timeout=120)  # the step loop goes on meanwhile
-        entries = original(partial, pieces, hash_remote, written)
+        entries = original(partial, pieces, written)
         events.add("write-end", name)
         return entries
 
@@ -90,12 +90,12 @@ def test_a_failed_background_write_is_reported_and_keeps_the_previous(
     original = tensor_io.write
     calls = []
 
-    def disk_full_on_the_second(partial, pieces, hash_remote, written=()):
+    def disk_full_on_the_second(partial, pieces, written=()):
         calls.append(threading.current_thread().name)
         if len(calls) == 2:
-            original(partial, pieces[:1], hash_remote, written)
+            original(partial, pieces[:1], written)
             raise OSError(errno.ENOSPC, "No space left on device")
-        return original(partial, pieces, hash_remote, written)
+        return original(partial, pieces, written)
 
     monkeypatch.setattr(tensor_io, "write", disk_full_on_the_second)
     expected = (r"ckpt-00000004 .* failed in the background \(OSError: .*No space left on "

@@ -1,5 +1,6 @@
 """Checkpoints from config in one process: manifest, keep-N, resume, damage, topology."""
 
+import hashlib
 import json
 import logging
 
@@ -93,9 +94,13 @@ def test_periodic_checkpoints_keep_the_newest_with_a_manifest(tmp_path):
                                     "devices": ["/device:CPU:0"], "global_batch_size": BATCH}
     assert manifest["config"]["checkpoint"]["every_steps"] == 4
     assert manifest["format"] == "hybridpar-checkpoint/2"
-    data = manifest["files"]["state.data-00000-of-00001"]
-    assert len(data["sha256"]) == 64 and data["task"] == "localhost:0"
-    assert data["bytes"] == (newest / "state.data-00000-of-00001").stat().st_size
+    data, index = (manifest["files"][name] for name in ("state.data-00000-of-00001",
+                                                         "state.index"))
+    # The data file is covered by TensorFlow's CRC32C of each tensor, kept in the index,
+    # and the index by its SHA-256: nothing is read back after the write.
+    assert data == {"bytes": (newest / "state.data-00000-of-00001").stat().st_size,
+                    "checksum": "tensorflow-crc32c-per-tensor", "task": "localhost:0"}
+    assert index["sha256"] == hashlib.sha256((newest / "state.index").read_bytes()).hexdigest()
     # TensorFlow's own reader reads it: every variable whole, under its hybridpar key.
     shapes = tf.train.load_checkpoint(str(newest / "state")).get_variable_to_shape_map()
     assert shapes["model/00000"] == list(model.variables[0].shape)
@@ -177,15 +182,18 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog
     assert not list((tmp_path / "ckpt").glob(".partial-*"))
 
 
-def test_a_corrupted_byte_is_found_by_the_checksum(tmp_path):
+@pytest.mark.parametrize("name", ["state.data-00000-of-00001", "state.index"])
+def test_a_corrupted_byte_is_found_by_the_checksum(tmp_path, name):
     with pytest.raises(KeyboardInterrupt):
         train(tmp_path / "ckpt", crash_at=9)
-    state = tmp_path / "ckpt" / "ckpt-00000008" / "state.data-00000-of-00001"
+    state = tmp_path / "ckpt" / "ckpt-00000008" / name
     data = bytearray(state.read_bytes())
     data[-200] ^= 0xFF
     state.write_bytes(bytes(data))
-    with pytest.raises(CheckpointDamagedError, match=r"state.data-00000-of-00001 has SHA-256 .* "
-                       r"the manifest says"):
+    found = {"state.data-00000-of-00001": r"state.data-00000-of-00001 fails TensorFlow's CRC32C "
+                                          r"check of optimizer/\d+ \(.*Checksum does not match",
+             "state.index": r"state.index has SHA-256 .* the manifest says"}[name]
+    with pytest.raises(CheckpointDamagedError, match=found):
         hybridpar.checkpoint.verify(state.parent)
     assert hybridpar.checkpoint.latest(tmp_path / "ckpt").step == 4
 
@@ -276,3 +284,21 @@ def test_resume_inside_a_repeated_dataset_with_steps_per_epoch(
     assert callback.restored.manifest["data"] == {**saved, "iterator_persists": True}
     assert int(resumed.optimizer.iterations.numpy()) == 20
     assert max_diff(resumed, reference) <= 1e-5
+
+
+def test_a_data_files_sha256_in_an_earlier_manifest_is_still_checked(tmp_path):
+    """Format-2 manifests written before the CRC32C checksums held each data file's SHA-256."""
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path / "ckpt", crash_at=9)
+    newest = tmp_path / "ckpt" / "ckpt-00000008"
+    manifest = json.loads((newest / "manifest.json").read_text())
+    data = manifest["files"]["state.data-00000-of-00001"]
+    del data["checksum"]
+    data["sha256"] = hashlib.sha256(
+        (newest / "state.data-00000-of-00001").read_bytes()).hexdigest()
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    assert hybridpar.checkpoint.verify(newest)["step"] == 8
+    data["sha256"] = "0" * 64
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointDamagedError, match=r"state.data-00000-of-00001 has SHA-256 "):
+        hybridpar.checkpoint.verify(newest)

@@ -231,7 +231,7 @@ def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monke
     (good,) = checkpoint.checkpoints()
     saved = {p.name: p.read_bytes() for p in good.iterdir()}
 
-    def crash_mid_write(partial, pieces, hash_remote, written=()):
+    def crash_mid_write(partial, pieces, written=()):
         (partial / "state.index").write_bytes(b"half a file")
         raise OSError("disk full")
 
