@@ -7,7 +7,7 @@ sharded over both ps with ``FixedShardsPartitioner(2)``, and Adam's slots (one s
 shard, each on its shard's ps), then:
 
 - saves it ``--repeats`` times with ``hybridpar.checkpoint.save`` (snapshot on the ps,
-  each ps writes and hashes its own data file, the chief merges the index and writes
+  each ps writes its own data file, the chief merges the index, hashes it and writes
   the manifest) and restores it with ``hybridpar.checkpoint.restore`` (each ps reads
   its own rows), side by side with a bare ``tf.train.Checkpoint`` of the same
   variables (``write`` / ``read``). A thread samples the chief's resident memory

@@ -312,7 +312,10 @@ def train_checkpointed(directory, crash_at=None, devices=4, compression="powersg
         model = build()
         callbacks = hs.callbacks()
     extra = [Crash(crash_at)] if crash_at else []
-    model.fit(dataset(), epochs=3, callbacks=callbacks + extra, shuffle=False, verbose=0)
+    try:
+        model.fit(dataset(), epochs=3, callbacks=callbacks + extra, shuffle=False, verbose=0)
+    finally:  # a crash inside this process leaves the write in flight running: as at exit
+        callbacks[0].writer.wait()
     return model, hs, callbacks[0]
 
 
