@@ -4,7 +4,8 @@ A checkpoint is a directory ``<dir>/ckpt-<optimizer step, 8 digits>/``
 holding every model, optimizer and metric variable in TensorFlow's
 tensor-bundle format (``state.index``, one ``state.data-*`` file per task
 that holds variables) and ``manifest.json`` (step, epoch, batch, data
-position, config, topology, variable specs, each file's size and SHA-256).
+position, config, topology, variable specs, each file's size and checksum:
+the index's SHA-256, TensorFlow's per-tensor CRC32C for the data files).
 ``manifest`` holds the format's pure rules, ``storage`` the file access
 (any ``tf.io.gfile`` filesystem), ``files`` the directories (naming,
 listing, checks, keep-N, damage fallback), ``publication`` their atomic

@@ -50,7 +50,7 @@ class SavePolicy(abc.ABC):
 
     #: the manifest's topology records the ps tasks
     asynchronous: ClassVar[bool]
-    #: choosing a checkpoint checks every file's SHA-256 (else sizes only)
+    #: choosing a checkpoint checks every file's checksum (else sizes only)
     deep: ClassVar[bool]
 
     def __init__(self, save: Save, *, coordinated: bool = False) -> None:

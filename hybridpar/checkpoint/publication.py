@@ -34,7 +34,7 @@ def write_and_publish(directory: str | os.PathLike, manifest: dict[str, Any],
         directory: the checkpoint directory.
         manifest: the manifest without ``files`` (it must hold ``step``).
         write: writes the state files into the partial directory it is given
-            and returns their ``files`` entries (name -> size and SHA-256).
+            and returns their ``files`` entries (name -> size and checksum).
 
     Returns:
         The published checkpoint; an existing checkpoint of the same step is

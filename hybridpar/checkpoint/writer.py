@@ -4,9 +4,10 @@
 (tensors on the variables' own devices, ``tensor_io.snapshot``; every
 worker takes part, and that is the only part that blocks a step) and hands
 them to a ``BackgroundWriter``, which in a thread has each task write its
-data file, merges the index, collects every file's size and SHA-256 from the
-task that wrote it, writes the manifest, publishes the partial directory and
-prunes old checkpoints (``model_state.write``, ``publication.prune``). TensorFlow
+data file, merges the index, records every file's size and checksum (the
+index's SHA-256, the CRC32C SaveV2 computed as it wrote), writes the
+manifest, publishes the partial directory and prunes old checkpoints
+(``model_state.write``, ``publication.prune``). TensorFlow
 copies a variable's buffer before updating it while a read of it is alive,
 so training on does not change the snapshot.
 
