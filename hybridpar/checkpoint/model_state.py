@@ -99,19 +99,17 @@ def snapshot(model: Any, data: dict[str, Any], *, extra: dict[str, Any] | None =
     specs = {group: layout.specs(found) for group, found in groups.items()}
     read = groups if writes else {"metrics": groups["metrics"]}
     pieces = tensor_io.snapshot(read)
-    sharded = zero_shards.sharded_over_workers(model)
     if not writes:  # a worker that writes only the ZeRO shards its replicas hold, if any
-        pieces = [] if sharded is None else _own_shards(groups["optimizer"])
-    arrays: dict[str, Any] = {}
-    compression_state.capture(model, arrays, specs)
-    if writes and arrays:
-        pieces += tensor_io.arrays_as_pieces(arrays)
+        pieces = [] if zero_shards.sharded_over_workers(model) is None else _own_shards(
+            groups["optimizer"])
+    pieces += compression_state.capture(model, specs, writes=writes)
     optimizer = getattr(model, "optimizer", None)
     step = int(optimizer.iterations.numpy()) if optimizer is not None else 0
     manifest = {**(extra or {}), "format": FORMAT_V2, "step": step, "data": data,
                 "variables": specs, "created": time.time()}
-    if sharded is not None:
-        manifest["zero_workers"] = sharded.workers  # whose shard bundles the chief merges
+    own = own_writer(model)
+    if own is not None:
+        manifest["worker_bundles"] = own[1]  # whose bundles the chief merges
     if writes:
         manifest["model_config"] = architecture(model)  # what `checkpoint export` rebuilds
     return pieces, manifest
@@ -123,31 +121,47 @@ def _own_shards(optimizer: list[layout.Logical]) -> list[tensor_io.Piece]:
     return [p for p in tensor_io.snapshot({"optimizer": optimizer}) if p.key in own]
 
 
+def own_writer(model: Any, *, planned: bool = False) -> tuple[int, int] | None:
+    """``(this worker, workers)`` when each worker writes state only its replicas hold
+    (ZeRO shards over workers, PowerSGD's error memory over workers), else ``None``.
+
+    Args:
+        planned: count PowerSGD as configured, before its state exists (training begins).
+    """
+    sharded = zero_shards.sharded_over_workers(model)
+    if sharded is not None:
+        return sharded.worker, sharded.workers
+    extended = getattr(getattr(model, "_distribute_strategy", None), "extended", None)
+    workers = getattr(extended, "_num_workers", 1)
+    powersgd = compression_state.configured(model) if planned else compression_state.holds(model)
+    return (extended._id_in_cluster, workers) if workers > 1 and powersgd else None
+
+
 def announce_own_shards(model: Any, writes: bool) -> None:
-    """At the start of training with ZeRO shards over workers: a non-chief announces that it
-    saves its shards, and the chief remembers to check every worker did
-    (``zero_shards.check_savers``, before its first save)."""
-    state = zero_shards.sharded_over_workers(model)
-    if state is not None and not writes:
-        zero_shards.announce_saver(state.worker)
-    model._hybridpar_savers_unchecked = state is not None and writes
+    """At the start of training where workers write their own state (``own_writer``): a
+    non-chief announces that it saves its part, and the chief remembers to check every
+    worker did (``zero_shards.check_savers``, before its first save)."""
+    own = own_writer(model, planned=True)
+    if own is not None and not writes:
+        zero_shards.announce_saver(own[0])
+    model._hybridpar_savers_unchecked = own is not None and writes
 
 
 def check_own_shards(model: Any) -> None:
     """On the chief before a save: raises CheckpointWriteError, once per ``fit``, when a
-    worker holding ZeRO shards has no checkpoint callback."""
+    worker holding state of its own has no checkpoint callback."""
     if getattr(model, "_hybridpar_savers_unchecked", False):
-        zero_shards.check_savers(zero_shards.sharded_over_workers(model).workers)
+        zero_shards.check_savers(own_writer(model, planned=True)[1])
         model._hybridpar_savers_unchecked = False
 
 
 def write_own_shards(model: Any, directory: str | os.PathLike, step: int,
                      pieces: list[tensor_io.Piece]) -> None:
-    """On a worker that does not write the checkpoint: writes the ZeRO shards only it holds
-    (``snapshot``'s pieces there; nothing without shards over workers)."""
-    state = zero_shards.sharded_over_workers(model)
-    if state is not None:
-        zero_shards.write_own(directory, step, state.worker, pieces)
+    """On a worker that does not write the checkpoint: writes the state only it holds
+    (``snapshot``'s pieces there: ZeRO shards, PowerSGD error memory; nothing without)."""
+    own = own_writer(model)
+    if own is not None:
+        zero_shards.write_own(directory, step, own[0], pieces)
 
 
 def architecture(model: Any) -> str | None:
@@ -236,7 +250,7 @@ def assign_group(model: Any, group: str, values: Reader) -> None:
 def write(directory: str | os.PathLike, pieces: list[tensor_io.Piece],
           manifest: dict[str, Any]) -> Any:
     """Writes a snapshot as checkpoint ``ckpt-<step>`` (partial directory, then published)."""
-    workers = manifest.get("zero_workers", 1)
+    workers = manifest.get("worker_bundles", 1)
 
     def files_of(partial: Any) -> dict[str, dict[str, Any]]:
         written = zero_shards.collect(int(manifest["step"]), workers) if workers > 1 else []

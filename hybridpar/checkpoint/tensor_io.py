@@ -129,12 +129,6 @@ def assign(part: Part | FlatPart, value: Any) -> None:
         inner[part.source:part.source + part.length].assign(tf.cast(value, inner.dtype))
 
 
-def arrays_as_pieces(arrays: dict[str, np.ndarray]) -> list[Piece]:
-    """Host arrays (PowerSGD's state) as pieces written by this task."""
-    with tf.device(f"{local_host()}/device:CPU:0"):
-        return [Piece(name, "", tf.constant(value)) for name, value in arrays.items()]
-
-
 def write(partial: str | os.PathLike, pieces: Sequence[Piece],
           written: Sequence[tuple[str, str]] = ()) -> dict[str, dict[str, Any]]:
     """Writes ``pieces`` into ``partial`` as one bundle, each task its own data file.

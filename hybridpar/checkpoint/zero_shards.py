@@ -1,9 +1,10 @@
-"""ZeRO's shards over several workers: each worker writes the slices its replicas hold.
+"""State only one worker holds, over several workers: each worker writes its replicas' slices.
 
 Sharded over workers (``data_parallel.shard_optimizer_state`` in
 ``multi_worker`` mode), a worker holds the optimizer slots of its own
-replicas' shards only, and no other task can read them. At every save each
-non-chief worker writes those slices itself, as one tensor bundle of its own
+replicas' shards only, and no other task can read them; with PowerSGD
+(``communication.compression``) it holds its replicas' error memory. At
+every save each non-chief worker writes those slices itself, as one tensor bundle of its own
 (``SaveV2`` on its CPU) under ``checkpoint.dir/.zero-ckpt-<step>-worker-<k>``,
 and publishes where in the cluster's coordination service (the key-value
 store the coordinated restore uses). The chief's write waits for every
@@ -91,9 +92,9 @@ def check_savers(workers: int) -> None:
         except Exception as err:  # the coordination service's DeadlineExceeded
             raise CheckpointWriteError(
                 f"worker {worker} trains without hybridpar's checkpoint callback, so it will "
-                "never write the optimizer shards only it holds "
-                "(data_parallel.shard_optimizer_state over several workers: each worker "
-                "writes its own shards at every save), and no checkpoint can be complete. "
+                "never write the state only it holds (its ZeRO optimizer shards with "
+                "data_parallel.shard_optimizer_state, its replicas' PowerSGD error memory: "
+                "each worker writes its own at every save), and no checkpoint can be complete. "
                 "Pass the same callbacks on every task: model.fit(..., "
                 "callbacks=hs.callbacks()) in the one script all workers run. (No "
                 f"announcement from worker {worker} within {ANNOUNCED_SECONDS} s: {err})"
@@ -115,14 +116,14 @@ def collect(step: int, workers: int) -> list[tuple[str, str]]:
                                                        timeout_in_ms=WAIT_SECONDS * 1000))
         except Exception as err:  # the coordination service's DeadlineExceeded, or it is gone
             raise CheckpointWriteError(
-                f"worker {worker} did not write its optimizer shards for "
+                f"worker {worker} did not write its own state for "
                 f"{checkpoint_name(step)} within {WAIT_SECONDS} s ({err}).") from err
         ctx.delete_config_key_value(_key(step, worker))
         if not storage.exists(f"{told['prefix']}.index"):
             raise CheckpointWriteError(
-                f"{told['task']} wrote its optimizer shards for {checkpoint_name(step)} to "
-                f"{told['prefix']}, which this task cannot see. With "
-                "data_parallel.shard_optimizer_state over several workers each worker writes "
-                "its own shards: checkpoint.dir must be a directory every worker shares.")
+                f"{told['task']} wrote its own state for {checkpoint_name(step)} to "
+                f"{told['prefix']}, which this task cannot see. Each worker writes the state "
+                "only it holds (ZeRO optimizer shards, PowerSGD error memory): "
+                "checkpoint.dir must be a directory every worker shares.")
         prefixes.append((told["task"], told["prefix"]))
     return prefixes

@@ -35,7 +35,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from hybridpar.config import PowerSGDConfig
@@ -94,6 +93,7 @@ class PowerSGDState:
         self.warmup_steps = settings.warmup_steps
         self.iterations = iterations
         self.entries: dict[Any, _Entry] = {}
+        self._local_replica_ids: list[int] | None = None
         for index, variable in enumerate(variables):
             value = variable.value if isinstance(variable, keras.Variable) else variable
             path = getattr(variable, "path", value.name)
@@ -179,50 +179,20 @@ class PowerSGDState:
             found.append((f"powersgd/{entry.path}/q", (columns, self.rank), dtype))
         return found
 
-    def capture(self, strategy: tf.distribute.Strategy) -> list[np.ndarray]:
-        """Every replica's error memory (stacked in replica order) and ``Q``, per gradient.
+    def local_errors(self, strategy: tf.distribute.Strategy) -> list[list[tuple[int, Any]]]:
+        """Per gradient, this worker's replicas' error memories: ``(replica id, variable)``.
 
-        Under a multi-worker strategy every worker must call this at the same
-        step: the error memories are gathered by one all-reduce.
+        The replica id is the replica's index in the sync group (its row of
+        the stacked tensor ``tensors`` describes); nothing crosses workers.
         """
-        entries = list(self.entries.values())
-        replicas = strategy.num_replicas_in_sync
+        if self._local_replica_ids is None:  # found once: a traced function per call retraces
+            ids = tf.function(lambda: strategy.run(
+                lambda: tf.distribute.get_replica_context().replica_id_in_sync_group))()
+            self._local_replica_ids = [int(t) for t in strategy.experimental_local_results(ids)]
+        return [list(zip(self._local_replica_ids, strategy.experimental_local_results(entry.error),
+                         strict=True))
+                for entry in self.entries.values()]
 
-        def gather() -> list[tf.Tensor]:
-            context = tf.distribute.get_replica_context()
-            stacks = []
-            for entry in entries:
-                own = tf.one_hot(context.replica_id_in_sync_group, replicas,
-                                 dtype=entry.error.dtype)
-                stacks.append(tf.tensordot(own, entry.error.read_value(), axes=0))
-            return all_reduce_sum(stacks)
-
-        stacked = tf.function(lambda: strategy.run(gather))()
-        arrays = []
-        for entry, errors in zip(entries, stacked, strict=True):
-            arrays.append(strategy.experimental_local_results(errors)[0].numpy())
-            arrays.append(entry.q.values[0].numpy())
-        return arrays
-
-    def assign(self, strategy: tf.distribute.Strategy, errors: list[np.ndarray] | None,
-               qs: list[np.ndarray] | None) -> None:
-        """Sets every replica's error memory (``None``: zero) and ``Q`` (``None``: unchanged).
-
-        Args:
-            strategy: the strategy the variables belong to.
-            errors: per gradient, the stacked error memories of ``capture``.
-            qs: per gradient, ``Q``.
-        """
-        entries = list(self.entries.values())
-        error_values = [tf.constant(e) for e in errors] if errors is not None else None
-        q_values = [tf.constant(q) for q in qs] if qs is not None else None
-
-        def put() -> None:
-            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-            for k, entry in enumerate(entries):
-                entry.error.assign(tf.zeros_like(entry.error.read_value()) if errors is None
-                                   else tf.gather(error_values[k], replica))
-                if q_values is not None:
-                    entry.q.assign(q_values[k])
-
-        tf.function(lambda: strategy.run(put))()
+    def local_qs(self, strategy: tf.distribute.Strategy) -> list[tuple[Any, ...]]:
+        """Per gradient, ``Q`` on each of this worker's replicas (equal on every replica)."""
+        return [strategy.experimental_local_results(entry.q) for entry in self.entries.values()]

@@ -320,7 +320,14 @@ def train_checkpointed(directory, crash_at=None, devices=4, compression="powersg
 
 
 def powersgd_state(model, hs) -> list[np.ndarray]:
-    return hs.state.compression.state_for(model.optimizer).capture(hs.strategy)
+    """Per compressed gradient, every replica's error memory (stacked in replica order), Q."""
+    powersgd = hs.state.compression.state_for(model.optimizer)
+    arrays = []
+    for errors, qs in zip(powersgd.local_errors(hs.strategy), powersgd.local_qs(hs.strategy),
+                          strict=True):
+        assert [replica for replica, _ in errors] == list(range(hs.num_replicas))
+        arrays += [np.stack([error.numpy() for _, error in errors]), qs[0].numpy()]
+    return arrays
 
 
 @pytest.fixture(scope="module")

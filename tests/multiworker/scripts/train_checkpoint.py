@@ -2,7 +2,7 @@
 
 With --die_at STEP, task --die_task (on the first run only, HYBRIDPAR_RESTART=0) sends
 itself --die_signal (KILL or TERM) right after that optimizer step. The script writes
-its final weights, optimizer step, PowerSGD state (with --compression powersgd), the bytes
+its final weights, optimizer step, its own PowerSGD state (with --compression powersgd), the bytes
 of optimizer state on its devices (--shard shards it, ZeRO stage 1) and the checkpoint it
 resumed from to `<out>/<task>-run<restart>.json`. With --validate, fit validates
 on 96 held-out examples and the script evaluates on them after fit; on an evaluator task
@@ -54,11 +54,17 @@ class Die(keras.callbacks.Callback):
             os.kill(os.getpid(), self.signum)
 
 
-def compression_state(model: keras.Model, hs: hybridpar.HybridStrategy) -> list:
-    """PowerSGD's error memories (all replicas) and Q factors, as a checkpoint holds them."""
+def compression_state(model: keras.Model, hs: hybridpar.HybridStrategy) -> list[dict]:
+    """Per compressed gradient, this worker's replicas' PowerSGD error memories (by replica
+    id in the sync group) and its Q factor: what this worker saves in a checkpoint."""
     compression = hs.state.compression
     powersgd = compression.state_for(model.optimizer) if compression is not None else None
-    return [a.tolist() for a in powersgd.capture(hs.strategy)] if powersgd else []
+    if not powersgd:
+        return []
+    return [{"errors": {str(replica): error.numpy().tolist() for replica, error in errors},
+             "q": qs[0].numpy().tolist()}
+            for errors, qs in zip(powersgd.local_errors(hs.strategy),
+                                  powersgd.local_qs(hs.strategy), strict=True)]
 
 
 OPTIMIZERS = {
