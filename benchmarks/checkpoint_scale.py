@@ -10,14 +10,15 @@ shard, each on its shard's ps), then:
   each ps writes its own data file, the chief merges the index, hashes it and writes
   the manifest) and restores it with ``hybridpar.checkpoint.restore`` (each ps reads
   its own rows), side by side with a bare ``tf.train.Checkpoint`` of the same
-  variables (``write`` / ``read``). A thread samples the chief's resident memory
-  (``VmRSS``) every 5 ms; the memory a save or restore adds is its peak minus the
-  value before it.
+  variables (``write`` / ``read``), the two taking turns at going first, each
+  call after an ``os.sync()`` (so none writes back the dirty pages of the one
+  before). A thread samples the chief's resident memory (``VmRSS``) every 5 ms;
+  the memory a save or restore adds is its peak minus the value before it.
 - resumes ``fit`` (``PeriodicCheckpoint``) from a checkpoint at step 100 and from one
   at step 10,000 of a 20,000-step epoch and times ``fit``'s start to the end of the
   first trained step, in this chief process (the restore included).
 
-    python benchmarks/checkpoint_scale.py [--rows 4194304] [--dim 64] [--repeats 2]
+    python benchmarks/checkpoint_scale.py [--rows 4194304] [--dim 64] [--repeats 4]
 
 The last lines are ``chief_save_memory_ratio=`` and ``chief_restore_memory_ratio=``
 (added memory / table bytes; target <= 0.25), ``save_time_ratio=`` (median hybridpar
@@ -53,7 +54,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=4_194_304, help="Rows of the table.")
     parser.add_argument("--dim", type=int, default=64, help="Columns of the table.")
-    parser.add_argument("--repeats", type=int, default=2, help="Timed saves and restores.")
+    parser.add_argument("--repeats", type=int, default=4, help="Timed saves and restores.")
     parser.add_argument("--timeout", type=int, default=3000, help="Cluster timeout (s).")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work_dir", default=None, help=argparse.SUPPRESS)
@@ -70,6 +71,11 @@ def ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator
 
 
+def spread(seconds: Sequence[float]) -> str:
+    """``1.20-1.90 s``: the fastest and slowest of some timings."""
+    return f"{min(seconds):.2f}-{max(seconds):.2f} s"
+
+
 def summary(result: dict[str, Any]) -> list[str]:
     """The report's lines, the four ratios last."""
     table = result["table_bytes"]
@@ -78,7 +84,8 @@ def summary(result: dict[str, Any]) -> list[str]:
     for kind in ("save", "restore"):
         ours, bare = statistics.median(result[kind]), statistics.median(result[f"bare_{kind}"])
         lines.append(f"{kind}: hybridpar {ours:.2f} s, bare tf.train.Checkpoint {bare:.2f} s "
-                     f"(ratio {ratio(ours, bare):.2f}); chief memory added "
+                     f"(ratio {ratio(ours, bare):.2f}; runs {spread(result[kind])} and "
+                     f"{spread(result[f'bare_{kind}'])}); chief memory added "
                      f"{result[f'{kind}_memory'] / 1e6:.0f} MB (bare: "
                      f"{result[f'bare_{kind}_memory'] / 1e6:.0f} MB)")
     low, high = (result["resume"][str(s)] for s in RESUME_STEPS)
@@ -91,6 +98,15 @@ def summary(result: dict[str, Any]) -> list[str]:
         f"resume_step_cost_ratio={ratio(high, low):.3f}",
     ]
     return lines
+
+
+def call_order(repeat: int) -> list[str]:
+    """The timed calls of one repeat: each save before its restore, and hybridpar's
+    and the bare calls taking turns at going first (a machine's state, such as
+    its page cache, then favours neither)."""
+    pair = [("save", "restore"), ("bare_save", "bare_restore")]
+    first, second = pair if repeat % 2 else pair[::-1]
+    return [first[0], second[0], first[1], second[1]]
 
 
 def parse_result(output: str) -> dict[str, Any]:
@@ -139,7 +155,7 @@ def child(args: argparse.Namespace) -> None:
     from hybridpar.checkpoint import model_state
 
     work = Path(args.work_dir)
-    ours = work / "ours"  # checkpoint.dir: the ps hash the files they write there
+    ours = work / "ours"  # checkpoint.dir: the ps write their data files there
     config = {"data_parallel": {"mode": "parameter_server"},
               "parameter_server": {"partitioner": {"kind": "fixed", "shards": 2}},
               "data": {"global_batch_size": 64},
@@ -167,8 +183,9 @@ def child(args: argparse.Namespace) -> None:
                  "save": lambda: hybridpar.checkpoint.save(model, ours),
                  "bare_restore": lambda p=prefix: bare.read(p),
                  "restore": lambda s=saved: hybridpar.checkpoint.restore(model, s)}
-        for kind, call in calls.items():
-            seconds, added = measured(call)
+        for kind in call_order(repeat):
+            os.sync()  # the previous call's dirty pages are not this call's to write back
+            seconds, added = measured(calls[kind])
             result[kind].append(seconds)
             result[f"{kind}_memory"] = max(result[f"{kind}_memory"], added)
         shutil.rmtree(saved)

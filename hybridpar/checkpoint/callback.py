@@ -178,7 +178,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self._epoch, self._batch = epoch, 0
         if self._pending_metrics is not None:
             if self._resumes_inside:
-                model_state.assign_group(self.model, "metrics", self._pending_metrics)
+                model_state.assign_groups(self.model, ["metrics"], self._pending_metrics)
             self._pending_metrics = None
         if self._initial_batch:
             self._batch, self._initial_batch = self._initial_batch, 0

@@ -73,7 +73,7 @@ def export_weights(checkpoint: str | os.PathLike, model: Any = None,
     if getattr(model, "optimizer", None) is not None:  # Keras writes its state too: the saved one
         model_state.ensure_built(model)
         if model_state.matches(model, found.manifest, "optimizer"):
-            model_state.assign_group(model, "optimizer", values)
+            model_state.assign_groups(model, ["optimizer"], values)
         else:
             logger.warning("hybridpar: the optimizer of %s differs from the model's; the "
                            "exported file holds the model's own optimizer state.", found.path)

@@ -17,6 +17,7 @@ under a multi-worker strategy reading one sums it over all workers.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -221,8 +222,7 @@ def apply(model: Any, path: Any, manifest: dict[str, Any], values: Reader,
     if not metrics_match:
         logger.warning("hybridpar: the metrics of checkpoint %s differ from this model's; "
                        "metrics start from zero.", storage.name(path))
-    for group in groups + (["metrics"] if metrics and metrics_match else []):
-        assign_group(model, group, values)
+    assign_groups(model, groups + (["metrics"] if metrics and metrics_match else []), values)
     if optimizer:
         compression_state.restore(model, path, manifest, values)
     return metrics_match
@@ -237,14 +237,23 @@ def apply_weights(model: Any, path: Any, manifest: dict[str, Any], arrays: dict[
         CheckpointMismatchError: naming the model variables that differ.
     """
     _check(model, path, manifest, "model")
-    assign_group(model, "model", tensor_io.ArrayReader(arrays))
+    assign_groups(model, ["model"], tensor_io.ArrayReader(arrays))
 
 
-def assign_group(model: Any, group: str, values: Reader) -> None:
-    """Assigns one group (``model``, ``optimizer``, ``metrics``) of a checked checkpoint."""
-    for index, logical in enumerate(logicals(model, group)):
-        for part in logical.parts:
-            tensor_io.assign(part, values.read(key(group, index), logical, part))
+def assign_groups(model: Any, groups: list[str], values: Reader) -> None:
+    """Assigns groups (``model``, ``optimizer``, ``metrics``) of a checked checkpoint.
+
+    Each task's parts are read and assigned by that task, the tasks at the same
+    time (``tensor_io.per_host``): the parameter servers restore side by side.
+    """
+    def assign(name: str, logical: layout.Logical, part: Any) -> None:
+        tensor_io.assign(part, values.read(name, logical, part))
+
+    tensor_io.per_host([
+        (tensor_io.host_of(tensor_io.device_of(part.variable)),
+         functools.partial(assign, key(group, index), logical, part))
+        for group in groups for index, logical in enumerate(logicals(model, group))
+        for part in logical.parts])
 
 
 def write(directory: str | os.PathLike, pieces: list[tensor_io.Piece],

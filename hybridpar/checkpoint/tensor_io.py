@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
@@ -169,23 +170,41 @@ def write(partial: str | os.PathLike, pieces: Sequence[Piece],
 
 
 def _save_in_parallel(bundles: Sequence[tuple[str, str, list[Piece]]]) -> None:
-    """One ``SaveV2`` per ``(prefix, host, pieces)``, each on its host, all at once.
-
-    Run eagerly, an op on another task returns only when it is done, so in one
-    thread the tasks would write one after another; one thread per task lets every
-    parameter server write its file at the same time (as ``tf.train.Checkpoint``'s
-    multi-device saver does, in a graph).
-    """
+    """One ``SaveV2`` per ``(prefix, host, pieces)``, each on its host, all at once."""
     def save(prefix: str, host: str, group: list[Piece]) -> None:
         with tf.device(f"{host}/device:CPU:0"):
             gen_io_ops.save_v2(prefix, [p.key for p in group], [p.spec for p in group],
                                [p.value for p in group])
 
-    if len(bundles) == 1:
-        save(*bundles[0])
+    per_host([(host, functools.partial(save, prefix, host, group))
+              for prefix, host, group in bundles])
+
+
+def per_host(calls: Sequence[tuple[str, Callable[[], Any]]]) -> None:
+    """Runs each host's calls in their order, the hosts at the same time.
+
+    Run eagerly, an op on another task returns only when it is done, so from one
+    thread the parameter servers would write or read one after another; one
+    thread per host lets them work at the same time (as ``tf.train.Checkpoint``'s
+    multi-device saver does, in a graph). Calls of a single host run in this thread.
+
+    Args:
+        calls: ``(host, call)`` pairs (``host_of`` a device).
+    """
+    by_host: dict[str, list[Callable[[], Any]]] = {}
+    for host, call in calls:
+        by_host.setdefault(host, []).append(call)
+
+    def run(own: list[Callable[[], Any]]) -> None:
+        for call in own:
+            call()
+
+    if len(by_host) <= 1:
+        for own in by_host.values():
+            run(own)
         return
-    with concurrent.futures.ThreadPoolExecutor(len(bundles)) as pool:
-        for done in [pool.submit(save, *bundle) for bundle in bundles]:
+    with concurrent.futures.ThreadPoolExecutor(len(by_host)) as pool:
+        for done in [pool.submit(run, own) for own in by_host.values()]:
             done.result()
 
 

@@ -37,3 +37,8 @@ def test_sizes_must_be_positive_and_default_to_a_gigabyte_table():
         bench.parse_args(["--rows", "0"])
     with pytest.raises(ValueError, match="denominator must be positive. Received: 0"):
         bench.ratio(1.0, 0.0)
+
+
+def test_hybridpar_and_the_bare_checkpoint_take_turns_at_going_first():
+    assert bench.call_order(0) == ["bare_save", "save", "bare_restore", "restore"]
+    assert bench.call_order(1) == ["save", "bare_save", "restore", "bare_restore"]
