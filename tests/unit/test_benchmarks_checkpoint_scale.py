@@ -20,7 +20,9 @@ def test_the_report_ends_with_the_four_ratios():
     lines = bench.summary(result())
     assert lines[-4:] == ["chief_save_memory_ratio=0.250", "chief_restore_memory_ratio=0.100",
                           "save_time_ratio=1.500", "resume_step_cost_ratio=1.500"]
-    assert "restore: hybridpar 1.00 s, bare tf.train.Checkpoint 2.00 s (ratio 0.50)" in lines[2]
+    assert lines[2].startswith("restore: hybridpar 1.00 s, bare tf.train.Checkpoint 2.00 s "
+                               "(ratio 0.50; runs 1.00-1.00 s and 2.00-2.00 s)")
+    assert "runs 2.00-4.00 s and 2.00-2.00 s" in lines[1]
 
 
 def test_the_chiefs_line_is_found_in_the_launcher_output():
