@@ -8,8 +8,8 @@ each, the table of ``trainer_hooks``, which hands them to the strategy's
 trainer (``hybridpar.training``); the fixes that are parts of that trainer
 (``runner_routing``, ``microbatch_step``, ``gradient_compression``,
 ``padded_steps``, ``optional_outputs``, ``step_loop``, ``symbolic_build``,
-``unbatched_input``) hold the code it runs and name ``trainer_hooks`` in
-``part_of``; ``xla_replicas`` is the replicated ``jit_compile`` step they use.
+``unbatched_input``, ``end_of_data_step``) hold the code it runs and name
+``trainer_hooks`` in ``part_of``; ``xla_replicas`` is the replicated ``jit_compile`` step they use.
 The others patch Keras/TensorFlow attributes of their own
 (``replica_share``, ``gradient_all_reduce``, ``loss_scale_finiteness``,
 ``metric_reduction``,
@@ -30,7 +30,9 @@ layer that runs them: the collectives in ``hybridpar.parallel``
 (``all_reduce``, ``moving_statistics``) and the strategy classes' overrides in
 ``hybridpar.strategies`` (``collective_keys``, ``collective_restart``,
 ``even_batches``, ``staged_variables``, ``ps_chief``, ``ps_evaluator_job``,
-``chief_datasets``). ``overrides`` holds their records, so that ``known()``
+``chief_datasets``) and the resumable training input (``resumable_input``:
+``hybridpar.data.resumable``, ``hybridpar.checkpoint.input_state``).
+``overrides`` holds their records, so that ``known()``
 and ``describe()`` list every fix; nothing here imports them.
 
 All of it is verified on the TensorFlow/Keras lines in ``versions``; tests in
@@ -43,6 +45,7 @@ from __future__ import annotations
 from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     atomic_updates,
     chief_files,
+    end_of_data_step,
     gradient_all_reduce,
     gradient_compression,
     legacy_keras,

@@ -13,7 +13,7 @@ that never asked for hybridpar runs Keras's path.
 The fixes that replaced these methods one by one (``runner_routing``,
 ``microbatch_step``, ``gradient_compression``, ``padded_steps``,
 ``optional_outputs``, ``step_loop``, ``symbolic_build``,
-``unbatched_input``) are parts of the trainer or of the step it builds;
+``unbatched_input``) and ``end_of_data_step`` are parts of the trainer or of the step it builds;
 their records name this fix in ``part_of``.
 
 ``make_train_function`` and ``make_predict_function`` also run

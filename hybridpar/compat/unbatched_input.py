@@ -17,9 +17,10 @@ epoch from the dataset it is given, before the strategy sees it. So:
   validation data) hybridpar hands Keras the dataset with its count unknown
   there (a ``filter`` that keeps every element), so they end when every
   worker's data has ended (the strategy agrees on it). ``fit``'s training
-  data keeps Keras's count: an epoch of unknown length costs a step number
-  (Keras counts the step that meets the end of the data), and ``fit`` on
-  such files is given ``steps_per_epoch`` when the workers' files differ.
+  data keeps Keras's count: an epoch of unknown length runs until the data
+  has ended (the step that meets the end changes nothing, ``end_of_data_step``),
+  and ``fit`` on such files is given ``steps_per_epoch`` when the workers' files
+  differ.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridpar.compat import (
+    end_of_data_step,
     microbatch_step,
     optional_outputs,
     padded_steps,
@@ -83,15 +84,17 @@ class Trainer:
         return runner.predict(model, *args, **kwargs)
 
     def train_step(self, keras_train_step: KerasMethod, model: Any, data: Any) -> Any:
-        """One replica's step: microbatched or on a padded piece by hybridpar, else Keras's."""
+        """One replica's step, begun once its batch exists: microbatched or on a padded
+        piece by hybridpar, else Keras's."""
         state = self.state
         keep = replica_share.current_keep()
-        if state.microbatches == 1 and keep is None:
-            return keras_train_step(model, data)
-        return pipeline.train_step(
-            model, data, state.microbatches, sequential=state.stages == 1, keep=keep,
-            schedule=state.config.model_parallel.schedule, stages=state.stages,
-        )
+        with end_of_data_step.after_batch(data):
+            if state.microbatches == 1 and keep is None:
+                return keras_train_step(model, data)
+            return pipeline.train_step(
+                model, data, state.microbatches, sequential=state.stages == 1, keep=keep,
+                schedule=state.config.model_parallel.schedule, stages=state.stages,
+            )
 
     def test_step(self, keras_test_step: KerasMethod, model: Any, data: Any) -> Any:
         """One replica's evaluation step; padding of a split batch gets no weight."""

@@ -240,3 +240,40 @@ def test_hybridpar_all_reduce_sums_two_dtypes_inside_a_branch():
 def test_upstream_tapes_build_a_weight_gradient_per_microbatch():
     assert run_upstream("per_microbatch_weight_gradients") == {
         "weight_gradient_matmuls": 4, "microbatches": 4}
+
+
+@pytest.mark.slow
+def test_upstream_the_step_that_meets_the_end_of_the_data_counts_on_some_copies():
+    result = run_upstream("end_of_data_step")
+    # 13 batches an epoch, 14 optimizer steps counted: the step with no batch counted too.
+    assert result["single"] == [[14], [28], [42]], "upstream counts the batches now: revisit"
+    counted = [copy for run in result["mirrored"] for epoch in run for copy in epoch]
+    assert max(counted) > 3 * 13
+
+
+def test_the_step_that_meets_the_end_of_the_data_changes_nothing():
+    """hybridpar's trainer: 13 batches an epoch are 13 steps on every copy of iterations."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(194, 8)).astype("float32"), rng.normal(size=(194, 2)).astype("float32")
+    for mode in ("none", "mirrored"):
+        with hybridpar.scope({"data_parallel": {"mode": mode}}):
+            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+            model.compile(keras.optimizers.Adam(0.01), "mse")
+        copies = []
+
+        def record(epoch, logs, model=model, copies=copies):
+            value = model.optimizer.iterations.value
+            copies.append({int(c.numpy()) for c in getattr(value, "values", [value])})
+
+        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).filter(lambda a, b: True)
+        model.fit(data, epochs=3, verbose=0,
+                  callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=record)])
+        assert copies == [{13}, {26}, {39}], mode
+
+
+def test_upstream_the_distributed_iterator_cannot_be_checkpointed():
+    """Why fit's training input is hybridpar's own iterator where checkpoints save it
+    (hybridpar.data.resumable; tensorflow/tensorflow#56372)."""
+    outcomes = run_upstream("distributed_iterator_checkpoint")
+    assert outcomes["plain"] == "ok"
+    assert outcomes["distributed"] != "ok", "upstream checkpoints it now: revisit resumable_input"

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.strategy
 X = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
 Y = X.sum(axis=1, keepdims=True)
 PARTS = {"runner_routing", "microbatch_step", "gradient_compression", "padded_steps",
-         "optional_outputs", "step_loop", "symbolic_build", "unbatched_input"}
+         "optional_outputs", "step_loop", "symbolic_build", "unbatched_input",
+         "end_of_data_step"}
 
 
 class RecordingRunner:

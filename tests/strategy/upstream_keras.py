@@ -412,6 +412,53 @@ def loss_scale_overflow_on_one_replica() -> dict:
             "iterations": int(model.optimizer.iterations.numpy())}
 
 
+def end_of_data_step() -> dict:
+    """fit (3 epochs) on 13 batches of unknown length (a filter), Adam, without a strategy
+    and under MirroredStrategy over 4 CPUs: the optimizer steps counted per epoch, and the
+    copies of ``iterations`` of each mirrored run (3 runs; the increment of the step that
+    meets the end of the data reaches a random subset of copies)."""
+    logical_cpus(4)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(194, 8)).astype("float32"), rng.normal(size=(194, 2)).astype("float32")
+
+    def fit(strategy) -> list[list[int]]:
+        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).filter(lambda a, b: True)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+            model.compile(keras.optimizers.Adam(0.01), "mse")
+        copies: list[list[int]] = []
+
+        def record(epoch, logs):
+            value = model.optimizer.iterations.value
+            copies.append([int(c.numpy()) for c in getattr(value, "values", [value])])
+
+        model.fit(data, epochs=3, verbose=0,
+                  callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=record)])
+        return copies
+
+    mirrored = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(4)])
+    return {"batches_per_epoch": 13, "single": fit(tf.distribute.get_strategy()),
+            "mirrored": [fit(mirrored) for _ in range(3)]}
+
+
+def distributed_iterator_checkpoint() -> dict:
+    """tf.train.Checkpoint of the iterator fit reads under MirroredStrategy (2 CPUs), and of
+    a plain tf.data iterator."""
+    logical_cpus(2)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    data = tf.data.Dataset.range(64).shuffle(16, seed=1).batch(8)
+    outcomes = {}
+    for name, iterator in (("plain", iter(data)),
+                           ("distributed", iter(strategy.experimental_distribute_dataset(data)))):
+        next(iterator)
+        try:
+            tf.train.Checkpoint(iterator=iterator).write(os.path.join(tempfile.mkdtemp(), "c"))
+            outcomes[name] = "ok"
+        except Exception as err:  # what TensorFlow raises, reported
+            outcomes[name] = f"{type(err).__name__}: {err}"
+    return outcomes
+
+
 CASES = {
     f.__name__: f
     for f in (
@@ -430,6 +477,8 @@ CASES = {
         jit_compile_mirrored,
         per_microbatch_weight_gradients,
         loss_scale_overflow_on_one_replica,
+        end_of_data_step,
+        distributed_iterator_checkpoint,
     )
 }
 
