@@ -42,7 +42,7 @@ VERSION_PAIRS := $(sort $(basename $(notdir $(wildcard requirements/versions/*.t
 VERSION_TESTS := $(addprefix tests/strategy/,test_compat_upstream.py test_equivalence.py \
 	test_compat_scoping.py test_compat_parameter_server.py test_compat_steps.py \
 	test_pipeline.py test_zero.py test_compression.py test_checkpoints_in_one_process.py \
-	test_trainer.py)
+	test_trainer.py test_resumable_input.py)
 
 .venv-versions/%/.installed: requirements/versions/%.txt pyproject.toml
 	$(PYTHON) -m venv .venv-versions/$*

@@ -16,6 +16,7 @@ import tensorflow as tf
 from hybridpar.checkpoint import (
     end_record,
     files,
+    input_state,
     model_state,
     preemption,
     publication,
@@ -141,7 +142,18 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self._own_watcher: Any = None
         self.saved: list[Any] = []
         self.writer = BackgroundWriter()
+        self.inputs = input_state.InputSaver()
         self._reset_position()
+
+    @property
+    def saves_input_iterator(self) -> bool:
+        """Whether ``fit`` should read its training input through an iterator whose state
+        this callback saves (``hybridpar.data.resumable``; read by hybridpar's trainer)."""
+        return bool(self.config.save_iterator) and not self.policy.asynchronous
+
+    def _worker(self) -> int:
+        cluster = self.state.cluster if self.state is not None else None
+        return cluster.worker_id if cluster is not None else 0
 
     def _reset_position(self) -> None:
         self._epoch = self._batch = 0
@@ -246,10 +258,14 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
                         self.directory)
             return
         model_state.ensure_built(self.model)
-        found, self._pending_metrics = resumption.apply(self.model, self.directory, found,
-                                                        self.policy)
+        found, values, pending = resumption.apply(self.model, self.directory, found,
+                                                  self.policy)
+        self._pending_metrics = values if pending else None
         self.restored = found
-        resume = self.policy.resume(self.model, found.manifest, self.params.get("steps"))
+        trainer = self.state.trainer if self.state is not None else None
+        resume = self.policy.resume(self.model, found.manifest, self.params.get("steps"),
+                                    input_state.restorer(values, found.manifest, self._worker()),
+                                    getattr(trainer, "start_next_epoch_at", None))
         self.model._initial_epoch = resume.epoch
         self._epoch, self._initial_batch = resume.epoch, resume.batch
         self._resumes_inside = resume.inside
@@ -282,6 +298,10 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         if step == self._last_saved:
             return None
         data = self.policy.data(self._epoch, self._batch, self.params.get("steps"))
+        inputs, record = self.inputs.capture(self.policy.live_iterator(self._epoch),
+                                             self._worker())
+        if record is not None:
+            data = {**data, input_state.RECORD: record}
         extra = {
             "reason": reason,
             "config": self.state.config.to_dict() if self.state is not None else None,
@@ -292,6 +312,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             self.writer.wait()  # one snapshot alive at a time
         pieces, manifest = model_state.snapshot(self.model, data, extra=extra,
                                                 writes=self.writes)
+        pieces += inputs
         self._last_saved = step
         if not self.writes:
             model_state.write_own_shards(self.model, self.directory, step, pieces)

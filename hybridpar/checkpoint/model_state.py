@@ -122,9 +122,15 @@ def _own_shards(optimizer: list[layout.Logical]) -> list[tensor_io.Piece]:
     return [p for p in tensor_io.snapshot({"optimizer": optimizer}) if p.key in own]
 
 
+def _saves_input(model: Any) -> bool:
+    """Whether the running ``fit`` saves its input iterator's state (``input_state``)."""
+    state = state_of(getattr(model, "_distribute_strategy", None))
+    return bool(getattr(getattr(state, "trainer", None), "fit_saves_input", False))
+
+
 def own_writer(model: Any, *, planned: bool = False) -> tuple[int, int] | None:
-    """``(this worker, workers)`` when each worker writes state only its replicas hold
-    (ZeRO shards over workers, PowerSGD's error memory over workers), else ``None``.
+    """``(this worker, workers)`` when each worker writes state only it holds (ZeRO shards
+    over workers, PowerSGD's error memory, the input iterator's state), else ``None``.
 
     Args:
         planned: count PowerSGD as configured, before its state exists (training begins).
@@ -135,7 +141,8 @@ def own_writer(model: Any, *, planned: bool = False) -> tuple[int, int] | None:
     extended = getattr(getattr(model, "_distribute_strategy", None), "extended", None)
     workers = getattr(extended, "_num_workers", 1)
     powersgd = compression_state.configured(model) if planned else compression_state.holds(model)
-    return (extended._id_in_cluster, workers) if workers > 1 and powersgd else None
+    own = workers > 1 and (powersgd or _saves_input(model))
+    return (extended._id_in_cluster, workers) if own else None
 
 
 def announce_own_shards(model: Any, writes: bool) -> None:

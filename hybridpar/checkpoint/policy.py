@@ -27,7 +27,6 @@ from typing import Any, ClassVar
 
 from hybridpar.checkpoint.manifest import asynchronous_resume, resume_plan
 from hybridpar.checkpoint.position import DataPosition
-from hybridpar.checkpoint.topology import SKIP_NOTE
 
 logger = logging.getLogger("hybridpar")
 
@@ -86,8 +85,21 @@ class SavePolicy(abc.ABC):
         """The manifest's ``data`` for a save at ``batch`` of ``epoch``."""
 
     @abc.abstractmethod
-    def resume(self, model: Any, manifest: dict[str, Any], steps: int | None) -> Resume:
-        """Plans the continuation from a restored checkpoint's ``manifest``."""
+    def live_iterator(self, epoch: int) -> Any:
+        """The input iterator whose state a save at ``epoch`` records, if any."""
+
+    @abc.abstractmethod
+    def resume(self, model: Any, manifest: dict[str, Any], steps: int | None,
+               restore_input: Callable[[Any], bool] | None = None,
+               start_at: Callable[[int], bool] | None = None) -> Resume:
+        """Plans the continuation from a restored checkpoint's ``manifest``.
+
+        Args:
+            restore_input: puts the resumed input iterator where the checkpoint left it
+                (``input_state.restorer``), ``False`` where it cannot.
+            start_at: has ``fit``'s loop begin the resumed epoch at a batch, ``False``
+                where it cannot (the trainer's ``start_next_epoch_at``).
+        """
 
 
 class SynchronousPolicy(SavePolicy):
@@ -136,12 +148,19 @@ class SynchronousPolicy(SavePolicy):
     def data(self, epoch: int, batch: int, steps: int | None) -> dict[str, Any]:
         return self.position.record(epoch, batch)
 
-    def resume(self, model: Any, manifest: dict[str, Any], steps: int | None) -> Resume:
+    def live_iterator(self, epoch: int) -> Any:
+        return self.position.live_iterator(epoch)
+
+    def resume(self, model: Any, manifest: dict[str, Any], steps: int | None,
+               restore_input: Callable[[Any], bool] | None = None,
+               start_at: Callable[[int], bool] | None = None) -> Resume:
         epoch, skip, extra = resume_plan(manifest, steps)
-        self.position.skip(skip, extra, bool(manifest["data"]["iterator_persists"]))
-        note = SKIP_NOTE if skip + extra else ""
-        return Resume(epoch, f" (epoch {epoch + 1}, skipping its first {skip} batch(es) "
-                             f"already trained{note})", inside=self.position.skipping)
+        loop_skips = bool(skip) and start_at is not None and start_at(skip)
+        self.position.skip(skip, extra, bool(manifest["data"]["iterator_persists"]),
+                           restore_input, loop_skips)
+        return Resume(epoch, f" (epoch {epoch + 1}, continuing after its first {skip} "
+                             f"batch(es), already trained)", batch=skip if loop_skips else 0,
+                      inside=self.position.skipping)
 
 
 class ParameterServerPolicy(SavePolicy):
@@ -185,7 +204,13 @@ class ParameterServerPolicy(SavePolicy):
         return {"epoch": epoch, "batch": batch, "iterator_position": batch,
                 "iterator_persists": False, "steps_per_epoch": steps}
 
-    def resume(self, model: Any, manifest: dict[str, Any], steps: int | None) -> Resume:
+    def live_iterator(self, epoch: int) -> Any:
+        """None: the workers' input starts again from its beginning."""
+        return None
+
+    def resume(self, model: Any, manifest: dict[str, Any], steps: int | None,
+               restore_input: Callable[[Any], bool] | None = None,
+               start_at: Callable[[int], bool] | None = None) -> Resume:
         """Inside the saved epoch, or at the next one."""
         epoch, batch, where = asynchronous_resume(manifest, steps)
         model._hybridpar_initial_batch = batch  # read by the parameter-server fit loop

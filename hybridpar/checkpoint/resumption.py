@@ -28,12 +28,13 @@ def choose(directory: str | os.PathLike, policy: SavePolicy, *, is_chief: bool,
 
 
 def apply(model: Any, directory: str | os.PathLike, found: Found,
-          policy: SavePolicy) -> tuple[Found, model_state.Reader | None]:
+          policy: SavePolicy) -> tuple[Found, model_state.Reader, bool]:
     """Restores ``found`` (or, if it proves damaged, the newest older one) into ``model``.
 
     Returns:
-        The checkpoint restored, and the reader of its metrics when they are
-        still to be assigned (Keras resets metrics when the epoch begins).
+        The checkpoint restored, its reader (for the input's state, and for the
+        metrics) and whether its metrics are still to be assigned (Keras resets
+        metrics when the epoch begins).
 
     Raises:
         CheckpointDamagedError: when no checkpoint could be read, or the one
@@ -44,7 +45,7 @@ def apply(model: Any, directory: str | os.PathLike, found: Found,
         try:
             pending = model_state.apply(model, found.path, found.manifest, values,
                                         metrics=False)
-            return found, values if pending else None
+            return found, values, pending
         except CheckpointDamagedError as err:
             if policy.coordinated:
                 raise  # every worker must restore the same one

@@ -6,11 +6,6 @@ from typing import Any
 
 from hybridpar.checkpoint.manifest import describe_topology
 
-# Said once per resume that skips: why the batches are drawn instead of the iterator restored.
-SKIP_NOTE = (", by drawing them from the input in one graph loop: the iterator Keras's fit "
-             "reads under a tf.distribute strategy (TensorFlow 2.21's OwnedMultiDeviceIterator) "
-             "cannot be checkpointed, so its position is not saved")
-
 
 def current(state: Any, strategy: Any, asynchronous: bool) -> dict[str, Any]:
     """The manifest's ``topology`` for the strategy (and hybridpar state) training now."""

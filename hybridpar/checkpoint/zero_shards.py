@@ -3,8 +3,9 @@
 Sharded over workers (``data_parallel.shard_optimizer_state`` in
 ``multi_worker`` mode), a worker holds the optimizer slots of its own
 replicas' shards only, and no other task can read them; with PowerSGD
-(``communication.compression``) it holds its replicas' error memory. At
-every save each non-chief worker writes those slices itself, as one tensor bundle of its own
+(``communication.compression``) it holds its replicas' error memory, and with
+a resumable input (``input_state``) its own iterator's state. At every save
+each non-chief worker writes those itself, as one tensor bundle of its own
 (``SaveV2`` on its CPU) under ``checkpoint.dir/.zero-ckpt-<step>-worker-<k>``,
 and publishes where in the cluster's coordination service (the key-value
 store the coordinated restore uses). The chief's write waits for every
@@ -52,15 +53,18 @@ def _key(step: int, worker: int) -> str:
 
 def write_own(directory: str | os.PathLike, step: int, worker: int,
               pieces: Sequence[tensor_io.Piece]) -> None:
-    """On a non-chief worker: writes its slices and tells the chief where (see the module doc)."""
-    staging = storage.join(directory,
-                           f"{ZERO_STAGING_PREFIX}{checkpoint_name(step)}-worker-{worker}")
-    storage.rmtree(staging)
-    storage.makedirs(staging)
-    prefix = os.fspath(storage.join(staging, "part"))
-    with tf.device(f"{tensor_io.local_host()}/device:CPU:0"):
-        gen_io_ops.save_v2(prefix, [p.key for p in pieces], [p.spec for p in pieces],
-                           [p.value for p in pieces])
+    """On a non-chief worker: writes its slices and tells the chief where (see the module
+    doc), or that it holds nothing this time (its input could not be saved)."""
+    prefix = None
+    if pieces:
+        staging = storage.join(directory,
+                               f"{ZERO_STAGING_PREFIX}{checkpoint_name(step)}-worker-{worker}")
+        storage.rmtree(staging)
+        storage.makedirs(staging)
+        prefix = os.fspath(storage.join(staging, "part"))
+        with tf.device(f"{tensor_io.local_host()}/device:CPU:0"):
+            gen_io_ops.save_v2(prefix, [p.key for p in pieces], [p.spec for p in pieces],
+                               [p.value for p in pieces])
     context.context().set_config_key_value(
         _key(step, worker), json.dumps({"task": tensor_io.task_name(tensor_io.local_host()),
                                         "prefix": prefix}))
@@ -93,8 +97,9 @@ def check_savers(workers: int) -> None:
             raise CheckpointWriteError(
                 f"worker {worker} trains without hybridpar's checkpoint callback, so it will "
                 "never write the state only it holds (its ZeRO optimizer shards with "
-                "data_parallel.shard_optimizer_state, its replicas' PowerSGD error memory: "
-                "each worker writes its own at every save), and no checkpoint can be complete. "
+                "data_parallel.shard_optimizer_state, its replicas' PowerSGD error memory, "
+                "its input iterator's position: each worker writes its own at every save), "
+                "and no checkpoint can be complete. "
                 "Pass the same callbacks on every task: model.fit(..., "
                 "callbacks=hs.callbacks()) in the one script all workers run. (No "
                 f"announcement from worker {worker} within {ANNOUNCED_SECONDS} s: {err})"
@@ -119,11 +124,14 @@ def collect(step: int, workers: int) -> list[tuple[str, str]]:
                 f"worker {worker} did not write its own state for "
                 f"{checkpoint_name(step)} within {WAIT_SECONDS} s ({err}).") from err
         ctx.delete_config_key_value(_key(step, worker))
+        if told["prefix"] is None:
+            continue
         if not storage.exists(f"{told['prefix']}.index"):
             raise CheckpointWriteError(
                 f"{told['task']} wrote its own state for {checkpoint_name(step)} to "
                 f"{told['prefix']}, which this task cannot see. Each worker writes the state "
-                "only it holds (ZeRO optimizer shards, PowerSGD error memory): "
+                "only it holds (ZeRO optimizer shards, PowerSGD error memory, its input's "
+                "position): "
                 "checkpoint.dir must be a directory every worker shares.")
         prefixes.append((told["task"], told["prefix"]))
     return prefixes

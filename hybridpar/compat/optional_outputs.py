@@ -30,24 +30,36 @@ import tensorflow as tf
 
 from hybridpar.compat import step_loop, xla_replicas
 from hybridpar.compat.patching import Fix, register
+from hybridpar.data import resumable
 
 _ITERATORS = (tf.data.Iterator, tf.distribute.DistributedIterator)
 
 
 def make_function(model: Any, step_function: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Keras's train/test function of ``model`` for a strategy hybridpar built (see module doc)."""
+    """Keras's train/test function of ``model`` for a strategy hybridpar built (see module doc).
+
+    A resumable training input (``hybridpar.data.resumable``) is traced as its host
+    iterator and layout, the step drawing its replicas' pieces itself.
+    """
     one_step = xla_replicas.one_step_on_data(model, step_function)
     if model.steps_per_execution == 1:
 
         @tf.autograph.experimental.do_not_convert
-        def one_step_on_iterator(iterator):
+        def on_iterator(iterator):
             return one_step(iterator.get_next())
-
-        traced = tf.function(one_step_on_iterator, reduce_retracing=True)
     else:
-        traced = step_loop.multi_step_on_iterator(model, one_step)
+        on_iterator = step_loop.multi_step_on_iterator(model, one_step)
+
+    @tf.autograph.experimental.do_not_convert
+    def on_host(host, layout):
+        return on_iterator(resumable.StepInput(model.distribute_strategy, host, layout))
+
+    traced = tf.function(on_iterator, reduce_retracing=True)
+    traced_on_host = tf.function(on_host, reduce_retracing=True)
 
     def function(iterator):
+        if isinstance(iterator, resumable.ResumableIterator):
+            return traced_on_host(iterator.host, iterator.layout)
         if isinstance(iterator, _ITERATORS):
             return traced(iterator)
         for _, data in zip(range(model.steps_per_execution), iterator, strict=False):

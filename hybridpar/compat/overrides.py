@@ -10,7 +10,11 @@ here so that ``known()`` and ``describe()`` list every fix:
 - ``moving_statistics``: ``hybridpar.parallel.moving_statistics``;
 - ``collective_keys``, ``collective_restart``, ``even_batches``,
   ``staged_variables``, ``ps_chief``, ``ps_evaluator_job``: the modules of
-  those names in ``hybridpar.strategies``, used by its strategy classes.
+  those names in ``hybridpar.strategies``, used by its strategy classes;
+- ``resumable_input``: ``hybridpar.data.resumable``, which the strategies'
+  ``experimental_distribute_dataset`` return for ``fit``'s training input when
+  a checkpoint saves it (``strategies.even_batches.distribute_resumably``), and
+  ``hybridpar.checkpoint.input_state``, which saves and restores it.
 """
 
 from __future__ import annotations
@@ -50,6 +54,13 @@ STAGED_VARIABLES = register(Fix(
     name="staged_variables",
     corrects="a strategy mirrors every variable over all replica devices, whatever stage "
              "its layer is on",
+    group="core",
+))
+RESUMABLE_INPUT = register(Fix(
+    name="resumable_input",
+    corrects="the iterator fit reads under a tf.distribute strategy cannot be checkpointed, "
+             "so a resume draws the batches already trained again",
+    upstream="tensorflow/tensorflow#56372",
     group="core",
 ))
 PS_CHIEF = register(Fix(

@@ -41,7 +41,8 @@ FIX = register(Fix(
 
 
 def multi_step_on_iterator(model: Any, one_step: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """The traced function that trains up to ``model.steps_per_execution`` batches per call.
+    """The function that trains up to ``model.steps_per_execution`` batches per call
+    (to be traced).
 
     Args:
         model: the model (its ``steps_per_execution`` is read when tracing).
@@ -70,4 +71,4 @@ def multi_step_on_iterator(model: Any, one_step: Callable[[Any], Any]) -> Callab
         )
         return outputs
 
-    return tf.function(run, reduce_retracing=True)
+    return run

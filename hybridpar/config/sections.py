@@ -86,6 +86,11 @@ class CheckpointConfig(Section):
         every_epochs: save every N epochs (``None``: not by epochs).
         keep: how many checkpoints to keep.
         backup_and_restore: resume an interrupted run from ``dir``.
+        save_iterator: read ``fit``'s training input through one ``tf.data``
+            iterator per worker and save its state with every checkpoint, so a
+            resume continues at the step without drawing the batches already
+            trained again; ``false`` keeps TensorFlow's distributed iterator
+            (prefetching to the devices), whose position a resume replays.
     """
 
     PATH: ClassVar[str] = "checkpoint"
@@ -94,6 +99,7 @@ class CheckpointConfig(Section):
     every_epochs: int | None = 1
     keep: int = 3
     backup_and_restore: bool = True
+    save_iterator: bool = True
 
     def validate(self) -> None:
         positive("checkpoint.every_steps", self.every_steps)

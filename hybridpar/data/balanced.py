@@ -107,6 +107,31 @@ def split_batches(dataset: tf.data.Dataset, pieces: int, first: int = 0,
     return dataset.flat_map(split)
 
 
+def split_evenly(dataset: tf.data.Dataset, per_piece: int, first: int,
+                 count: int) -> tf.data.Dataset:
+    """Each global batch of ``dataset`` (all of one static size, a multiple of ``per_piece``)
+    as ``count`` consecutive slices of ``per_piece`` examples from slice ``first`` on, with
+    their static shapes (TensorFlow's rebatching of such a batch, as a dataset).
+    """
+
+    def rows(tensor: Any, start: tf.Tensor) -> Any:
+        taken = tf.gather(tensor, tf.range(start, start + per_piece))
+        if isinstance(taken, tf.Tensor):
+            taken = tf.ensure_shape(taken, [per_piece, *tensor.shape[1:]])
+        return taken
+
+    def split(*components: Any) -> tf.data.Dataset:
+        batch = components[0] if len(components) == 1 else components
+
+        def piece(index: tf.Tensor) -> Any:
+            start = tf.cast(index, tf.int32) * per_piece
+            return tf.nest.map_structure(lambda t: None if t is None else rows(t, start), batch)
+
+        return tf.data.Dataset.range(first, first + count).map(piece)
+
+    return dataset.flat_map(split)
+
+
 def row_weighted(sample_weight: Any, keep: tf.Tensor) -> Any:
     """``sample_weight`` times ``keep`` along axis 0 (``keep`` itself when there is none)."""
     if sample_weight is None:

@@ -21,6 +21,11 @@ even and pass unchanged, keeping their static shapes. Keras's ``model.fit``
 calls ``experimental_distribute_dataset`` on the strategy, so overriding it
 in hybridpar's strategy classes covers every fit/evaluate/predict without
 touching Keras.
+
+``fit``'s training input, when a checkpoint saves it, gets the same pieces
+read from one iterator per worker instead (``distribute_resumably``,
+``hybridpar.data.resumable``): TensorFlow's distributed iterator cannot be
+saved.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.distribute import input_ops
 
-from hybridpar.data import balanced, inspect
+from hybridpar.data import balanced, inspect, resumable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +76,58 @@ def _pieces(dataset: tf.data.Dataset, replicas: int, worker: WorkerInput | None)
         return balanced.split_batches(dataset, replicas, worker.worker_id * local, local)
     own = input_ops.auto_shard_dataset(dataset, worker.num_workers, worker.worker_id, replicas)
     return balanced.split_batches(own, replicas)
+
+
+def _own_pieces(dataset: tf.data.Dataset, replicas: int,
+                worker: WorkerInput | None) -> tuple[tf.data.Dataset, int]:
+    """This worker's pieces of every global batch, and how many of them feed one step.
+
+    The pieces ``distribute_evenly`` distributes: balanced ones where batches may not
+    divide over the replicas, else equal slices with their static shapes (as
+    TensorFlow's rebatching gives them).
+    """
+    if replicas == 1:
+        return dataset, 1
+    local = replicas if worker is None else replicas // worker.num_workers
+    if needs_split(dataset, replicas):
+        return _pieces(dataset, replicas, worker), local
+    per_piece = inspect.static_batch_size(dataset) // replicas
+    if worker is None:
+        return balanced.split_evenly(dataset, per_piece, 0, replicas), local
+    if worker.policy == "data":
+        return balanced.split_evenly(dataset, per_piece, worker.worker_id * local, local), local
+    own = input_ops.auto_shard_dataset(dataset, worker.num_workers, worker.worker_id, replicas)
+    return balanced.split_evenly(own, per_piece, 0, replicas), local
+
+
+def distribute_resumably(
+    strategy: Any, dataset: Any, worker: WorkerInput | None = None
+) -> resumable.ResumableDataset | None:
+    """``dataset`` as ``fit``'s resumable training input (``hybridpar.data.resumable``): the
+    pieces ``distribute_evenly`` gives each replica, read from one iterator per worker.
+
+    Returns:
+        ``None`` unless ``dataset`` is the training input of a ``fit`` whose checkpoints save
+        it (the strategy's trainer says so while Keras's epoch iterator distributes it) and
+        a dataset of batches: it is then distributed as usual.
+    """
+    trainer = strategy.hybridpar_state.trainer
+    if not getattr(trainer, "distributing_resumable_input", False):
+        return None
+    replicas = strategy.num_replicas_in_sync
+    if not isinstance(dataset, tf.data.Dataset) or (
+            replicas > 1 and not inspect.is_batched(dataset)):
+        return None
+    pieces, local = _own_pieces(dataset, replicas, worker)
+    workers = 1 if worker is None else worker.num_workers
+    policy = "data" if worker is None else worker.policy
+    # As TensorFlow's distributed iterator does over workers (whose collectives the steps of
+    # workers reading another way then match): agree on the end unless the input is endless.
+    endless = int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY
+    layout = resumable.InputLayout(local, agree=workers > 1 and not endless)
+    fingerprint = (f"{workers} worker(s) x {local} replica(s), {policy} sharding, pieces "
+                   f"{pieces.element_spec}")
+    return resumable.ResumableDataset(strategy, pieces, layout, fingerprint)
 
 
 def distribute_evenly(

@@ -66,6 +66,12 @@ class HybridOneDeviceStrategy(OwnedStrategy, tf.distribute.OneDeviceStrategy):
         tf.distribute.Strategy.__init__(self, _OneDeviceExtended(self, device))
         distribute_lib.distribution_strategy_gauge.get_cell("V2").set("OneDeviceStrategy")
 
+    def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
+        found = even_batches.distribute_resumably(self, dataset)
+        if found is not None:
+            return found
+        return super().experimental_distribute_dataset(dataset, options)
+
 
 class HybridMirroredStrategy(OwnedStrategy, tf.distribute.MirroredStrategy):
     """``mode: mirrored``: one replica per stage-0 device of the mesh.
@@ -97,6 +103,9 @@ class HybridMirroredStrategy(OwnedStrategy, tf.distribute.MirroredStrategy):
         distribute_lib.distribution_strategy_gauge.get_cell("V2").set("MirroredStrategy")
 
     def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
+        found = even_batches.distribute_resumably(self, dataset)
+        if found is not None:
+            return found
         return even_batches.distribute_evenly(
             self, dataset, options, super().experimental_distribute_dataset
         )

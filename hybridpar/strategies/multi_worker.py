@@ -81,9 +81,12 @@ class HybridMultiWorkerMirroredStrategy(OwnedStrategy, tf.distribute.MultiWorker
             num_workers=workers,
             policy=policy,
         )
+        dataset = sharding.with_policy(dataset, policy)
+        found = even_batches.distribute_resumably(self, dataset, worker)
+        if found is not None:
+            return found
         return even_batches.distribute_evenly(
-            self, sharding.with_policy(dataset, policy), options,
-            super().experimental_distribute_dataset, worker,
+            self, dataset, options, super().experimental_distribute_dataset, worker,
         )
 
 

@@ -56,6 +56,13 @@ class Trainer:
 
     def __init__(self, state: StrategyState) -> None:
         self.state = state
+        #: the running ``fit`` has a callback that saves its input's iterator
+        self.fit_saves_input = False
+        #: Keras's epoch iterator is distributing ``fit``'s training input now (the
+        #: strategy then makes it a ``hybridpar.data.resumable.ResumableDataset``)
+        self.distributing_resumable_input = False
+        #: Keras's epoch iterator over the running ``fit``'s training input
+        self.training_epochs: Any = None
 
     def _runner(self) -> Runner | None:
         """The runner that replaces Keras's loops, outside a runner's own Keras calls."""
@@ -64,9 +71,39 @@ class Trainer:
     def fit(self, keras_fit: KerasMethod, model: Any, *args: Any, **kwargs: Any) -> Any:
         """Keras's ``fit``, or the runner's with the arguments bound by name."""
         runner = self._runner()
-        if runner is None:
+        arguments = fit_arguments(keras_fit, model, *args, **kwargs)
+        if runner is not None:
+            return runner.fit(model, arguments)
+        callbacks = getattr(arguments["callbacks"], "callbacks", arguments["callbacks"]) or []
+        self.fit_saves_input = any(getattr(c, "saves_input_iterator", False) for c in callbacks)
+        try:
             return keras_fit(model, *args, **kwargs)
-        return runner.fit(model, fit_arguments(keras_fit, model, *args, **kwargs))
+        finally:
+            self.fit_saves_input = False
+            self.training_epochs = None
+
+    def start_next_epoch_at(self, batch: int) -> bool:
+        """Has the running ``fit``'s loop begin its next epoch at ``batch`` (a resume
+        inside that epoch, whose input is already there): the steps before it are passed
+        over without calling the train function or a callback.
+
+        Returns:
+            Whether it will (``False`` where Keras's epoch iterator is not hybridpar's
+            to adjust; the loop then calls the train function for every step).
+        """
+        epochs = self.training_epochs
+        enumerate_steps = getattr(epochs, "_enumerate_iterator", None)
+        if enumerate_steps is None:
+            return False
+
+        def from_batch() -> Any:
+            del epochs._enumerate_iterator  # this epoch only: Keras's method again after it
+            for item in enumerate_steps():
+                if item[0] >= batch:  # (first step, last step, iterator) of one execution
+                    yield item
+
+        epochs._enumerate_iterator = from_batch
+        return True
 
     def evaluate(self, keras_evaluate: KerasMethod, model: Any, *args: Any,
                  **kwargs: Any) -> Any:
@@ -140,6 +177,14 @@ class Trainer:
 
     def epoch_iterator(self, keras_init: KerasMethod, iterator: Any,
                        distribute_strategy: Any = None, *args: Any, **kwargs: Any) -> None:
-        """Keras's epoch iterator over the input, batched and counted for this strategy."""
-        keras_init(iterator, distribute_strategy, *args,
-                   **unbatched_input.epoch_arguments(self.state, kwargs))
+        """Keras's epoch iterator over the input, batched and counted for this strategy;
+        ``fit``'s training input is read resumably when a callback saves its iterator."""
+        training = "class_weight" in kwargs  # only fit's training data passes one
+        self.distributing_resumable_input = training and self.fit_saves_input
+        try:
+            keras_init(iterator, distribute_strategy, *args,
+                       **unbatched_input.epoch_arguments(self.state, kwargs))
+        finally:
+            self.distributing_resumable_input = False
+        if training:
+            self.training_epochs = iterator

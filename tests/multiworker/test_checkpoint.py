@@ -77,8 +77,11 @@ def test_a_sigkilled_worker_is_restarted_and_loses_no_step(tmp_path, reference):
         assert resumed["restored_step"] == 20  # every 10 steps; killed after 23
         assert resumed["steps"] == STEPS
         assert max_weight_diff(resumed, reference) <= 1e-5
-    assert "resumed from" in run.stderr and "(epoch 2, skipping its first 5 batch(es)" in (
+    assert "resumed from" in run.stderr and "(epoch 2, continuing after its first 5 batch(es)" in (
         run.stderr)
+    for task in ("worker:0", "worker:1"):  # each worker restored its own iterator
+        assert (f"[{task}] hybridpar: restored the training input's position from the "
+                "checkpoint; no batch is drawn again.") in run.stderr
     # Chief-only files: exactly the kept checkpoints, nothing partial.
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
         "ckpt-00000030", "ckpt-00000040", "ckpt-00000045"]
@@ -164,3 +167,27 @@ def test_a_worker_that_cannot_see_the_chiefs_checkpoint_fails_at_once_naming_it(
     assert expected in run.stderr, run.stderr[-4000:]
     assert "checkpoint.dir must be a directory that every worker shares" in run.stderr
     assert "Epoch 2/2" not in run.stdout  # nobody trained on from a checkpoint of its own
+
+
+def test_workers_reading_their_own_files_resume_their_own_positions(tmp_path):
+    """FILE sharding over 3 files: worker:0 reads 2 (20 pieces an epoch), worker:1 one (10,
+    then empty pieces while the other still has data), each epoch in a new order. After a
+    SIGKILL in the last epoch each worker restores its own iterator, so the run ends with
+    the weights of the uninterrupted one (drawing the batches again would meet another
+    order)."""
+    files = ("--files", "3", "--reshuffle")
+    reference = launch(script(tmp_path / "reference", tmp_path / "reference-ckpt", *files))
+    assert reference.returncode == 0, reference.stderr[-4000:]
+    assert "sharding the input by FILE over 2 workers" in reference.stderr
+    run = launch(script(tmp_path / "out", tmp_path / "ckpt", *files, "--die_at", "53"),
+                 max_restarts=1)
+    assert run.returncode == 0, run.stderr[-4000:]
+    for task in ("worker:0", "worker:1"):
+        assert (f"[{task}] hybridpar: restored the training input's position from the "
+                "checkpoint; no batch is drawn again.") in run.stderr
+    for task in ("worker-0", "worker-1"):
+        expected = result(tmp_path / "reference" / f"{task}-run0.json")
+        resumed = result(tmp_path / "out" / f"{task}-run1.json")
+        assert resumed["restored_step"] == 50  # epoch 3, after its first 10 batches
+        assert resumed["steps"] == expected["steps"] == 60
+        assert max_weight_diff(resumed, expected) <= 1e-5

@@ -88,8 +88,10 @@ def test_periodic_checkpoints_keep_the_newest_with_a_manifest(tmp_path):
         "manifest.json", "state.data-00000-of-00001", "state.index"]
     manifest = json.loads((newest / "manifest.json").read_text())
     assert manifest["step"] == 36
+    fingerprint = manifest["data"].pop("input_state")["fingerprint"]
     assert manifest["data"] == {"epoch": 2, "batch": 10, "iterator_position": 10,
                                 "iterator_persists": False}
+    assert fingerprint.startswith("1 worker(s) x 1 replica(s), data sharding")
     assert manifest["topology"] == {"mode": "none", "num_workers": 1, "num_replicas": 1,
                                     "devices": ["/device:CPU:0"], "global_batch_size": BATCH}
     assert manifest["config"]["checkpoint"]["every_steps"] == 4
@@ -104,8 +106,10 @@ def test_periodic_checkpoints_keep_the_newest_with_a_manifest(tmp_path):
     # TensorFlow's own reader reads it: every variable whole, under its hybridpar key.
     shapes = tf.train.load_checkpoint(str(newest / "state")).get_variable_to_shape_map()
     assert shapes["model/00000"] == list(model.variables[0].shape)
-    assert len(shapes) == sum(len(manifest["variables"][g]) for g in ("model", "optimizer",
-                                                                       "metrics"))
+    # ... and the input iterator's state (hybridpar.checkpoint.input_state), a string.
+    assert shapes["input/00000"] == []
+    assert len(shapes) == 1 + sum(len(manifest["variables"][g]) for g in ("model", "optimizer",
+                                                                           "metrics"))
     assert [v["path"] for v in manifest["variables"]["model"]] == [
         v.path for v in model.variables]
     assert manifest["variables"]["optimizer"][0]["path"].endswith("iteration")
@@ -191,7 +195,8 @@ def test_a_corrupted_byte_is_found_by_the_checksum(tmp_path, name):
     data[-200] ^= 0xFF
     state.write_bytes(bytes(data))
     found = {"state.data-00000-of-00001": r"state.data-00000-of-00001 fails TensorFlow's CRC32C "
-                                          r"check of optimizer/\d+ \(.*Checksum does not match",
+                                          r"check of (input|optimizer)/\d+ \(.*Checksum does not "
+                                          r"match",
              "state.index": r"state.index has SHA-256 .* the manifest says"}[name]
     with pytest.raises(CheckpointDamagedError, match=found):
         hybridpar.checkpoint.verify(state.parent)
@@ -281,7 +286,9 @@ def test_resume_inside_a_repeated_dataset_with_steps_per_epoch(
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "resumed", crash_at=crash_at)
     resumed, callback = run(tmp_path / "resumed")
-    assert callback.restored.manifest["data"] == {**saved, "iterator_persists": True}
+    data = dict(callback.restored.manifest["data"])
+    assert "fingerprint" in data.pop("input_state")
+    assert data == {**saved, "iterator_persists": True}
     assert int(resumed.optimizer.iterations.numpy()) == 20
     assert max_diff(resumed, reference) <= 1e-5
 

@@ -60,6 +60,59 @@ def test_a_resume_draws_every_skipped_batch_at_the_first_call():
     assert position.record(2, 5)["iterator_position"] == 9
 
 
+def test_a_resume_restores_the_saved_iterator_instead_of_drawing():
+    drawn, restored = [], []
+    position = DataPosition(lambda it, n: drawn.append(n), lambda: 2, lambda: None)
+    model = Model(steps_per_execution=2)
+    position.install(model)
+    position.skip(4, 3, persists=True, restore=lambda it: restored.append(it) or True,
+                  loop_skips=True)
+    iterator = object()
+    model.train_function(iterator)  # the loop began the epoch at batch 4: this one trains
+    assert restored == [iterator] and drawn == [] and model.trained == [iterator]
+    assert not position.skipping
+    assert position.record(2, 6)["iterator_position"] == 9
+    assert position.live_iterator(2) is iterator
+
+
+def test_a_state_that_cannot_be_restored_is_drawn_instead():
+    drawn = []
+    position = DataPosition(lambda it, n: drawn.append(n), lambda: 0, lambda: None)
+    model = Model()
+    position.install(model)
+    position.skip(5, 0, persists=False, restore=lambda it: False)
+    iterator = object()
+    assert model.train_function(iterator) == {} and drawn == [5]  # 5 calls train nothing
+
+
+def test_a_save_records_the_live_iterator_only_for_its_epoch():
+    epoch = [0]
+    position = DataPosition(lambda it, n: None, lambda: epoch[0], lambda: None)
+    model = Model()
+    position.install(model)
+    assert position.live_iterator(0) is None  # nothing drawn yet: a fresh iterator
+    iterator = object()
+    model.train_function(iterator)
+    assert position.live_iterator(0) is iterator
+    assert position.live_iterator(1) is None  # the next epoch draws a fresh iterator
+    epoch[0] = 1
+    model.train_function(iterator)  # unless this one spans epochs
+    assert position.live_iterator(1) is iterator
+
+
+def test_a_synchronous_resume_has_the_loop_begin_inside_the_epoch():
+    policy = SynchronousPolicy(lambda **kw: None, lambda: 1, lambda it, n: None,
+                               coordinated=False)
+    model, starts = Model(), []
+    policy.begin(model)
+    data = {"epoch": 1, "batch": 6, "iterator_position": 6, "iterator_persists": False}
+    resume = policy.resume(model, {"data": data}, 13, lambda it: True,
+                           lambda batch: starts.append(batch) or True)
+    assert starts == [6] and (resume.epoch, resume.batch, resume.inside) == (1, 6, True)
+    cannot = policy.resume(model, {"data": data}, 13, None, lambda batch: False)
+    assert cannot.batch == 0  # the loop calls the train function for every step then
+
+
 def test_a_synchronous_epoch_save_waits_for_the_next_step_or_the_end():
     saves, due = [], []
     policy = SynchronousPolicy(lambda **kw: saves.append(kw), lambda: 0, lambda it, n: None,

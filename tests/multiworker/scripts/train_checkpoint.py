@@ -4,7 +4,9 @@ With --die_at STEP, task --die_task (on the first run only, HYBRIDPAR_RESTART=0)
 itself --die_signal (KILL or TERM) right after that optimizer step. The script writes
 its final weights, optimizer step, its own PowerSGD state (with --compression powersgd), the bytes
 of optimizer state on its devices (--shard shards it, ZeRO stage 1) and the checkpoint it
-resumed from to `<out>/<task>-run<restart>.json`. With --validate, fit validates
+resumed from to `<out>/<task>-run<restart>.json`. With --reshuffle every epoch has
+another order; with --files N the examples are read from N TFRecord files, sharded over
+the workers by FILE. With --validate, fit validates
 on 96 held-out examples and the script evaluates on them after fit; on an evaluator task
 (`launch --evaluator`) the same fit evaluates the chief's checkpoints instead of training.
 """
@@ -26,13 +28,40 @@ hybridpar.log_to_stderr()  # show hybridpar's own lines: mode, sharding, checkpo
 GLOBAL_BATCH = 32
 
 
-def dataset() -> tf.data.Dataset:
-    """480 examples, 15 global batches per epoch, the same order in every epoch."""
+def examples() -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(7)
     x = rng.normal(size=(480, 12)).astype("float32")
-    y = (x[:, :3].sum(axis=1) > 0).astype("int32")
-    data = tf.data.Dataset.from_tensor_slices((x, y))
-    return data.shuffle(480, seed=3, reshuffle_each_iteration=False).batch(GLOBAL_BATCH)
+    return x, (x[:, :3].sum(axis=1) > 0).astype("int32")
+
+
+def dataset(reshuffle: bool = False) -> tf.data.Dataset:
+    """480 examples, 15 global batches per epoch, the same order in every epoch (another
+    order every epoch with ``reshuffle``)."""
+    data = tf.data.Dataset.from_tensor_slices(examples())
+    return data.shuffle(480, seed=3, reshuffle_each_iteration=reshuffle).batch(GLOBAL_BATCH)
+
+
+def record_files(directory: pathlib.Path, files: int) -> list[str]:
+    """The 480 examples in ``files`` TFRecord files (each task writes its own copy)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    x, y = examples()
+    paths = []
+    for index, rows in enumerate(np.array_split(np.arange(len(x)), files)):
+        path = str(directory / f"part-{index}.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for row in rows:
+                writer.write(tf.io.serialize_tensor(
+                    tf.concat([x[row], [float(y[row])]], 0)).numpy())
+        paths.append(path)
+    return paths
+
+
+def file_dataset(paths: list[str], reshuffle: bool) -> tf.data.Dataset:
+    """The examples read from files (sharded over workers by FILE), shuffled per file set."""
+    data = tf.data.TFRecordDataset(paths).map(
+        lambda record: tf.ensure_shape(tf.io.parse_tensor(record, tf.float32), [13]))
+    data = data.map(lambda row: (row[:12], tf.cast(row[12], tf.int32)))
+    return data.shuffle(480, seed=3, reshuffle_each_iteration=reshuffle).batch(GLOBAL_BATCH)
 
 
 def held_out() -> tf.data.Dataset:
@@ -101,18 +130,29 @@ def main() -> None:
     parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZERS))
     parser.add_argument("--no_callbacks_on", default="",
                         help="a task that passes no callbacks to fit (a broken script)")
+    parser.add_argument("--reshuffle", action="store_true", help="another order every epoch")
+    parser.add_argument("--files", type=int, default=0,
+                        help="read the examples from this many TFRecord files, sharded by FILE")
+    parser.add_argument("--no_save_iterator", action="store_true",
+                        help="checkpoint.save_iterator: false")
     args = parser.parse_args()
     task = os.environ.get("HYBRIDPAR_TASK", "single")
     restart = int(os.environ.get("HYBRIDPAR_RESTART", "0"))
 
-    data = dataset()
+    if args.files:
+        paths = record_files(pathlib.Path(args.out) / f"records-{task.replace(':', '-')}",
+                             args.files)
+        data = file_dataset(paths, args.reshuffle)
+    else:
+        data = dataset(args.reshuffle)
     keras.utils.set_random_seed(11)
     config = {
-        "data": {"global_batch_size": GLOBAL_BATCH, "shard_policy": "data"},
+        "data": {"global_batch_size": GLOBAL_BATCH,
+                 "shard_policy": "file" if args.files else "data"},
         # --ckpt DIR/{task} gives each task a directory of its own (not shared)
         "checkpoint": {"dir": args.ckpt.format(task=task.replace(":", "-")),
                        "every_steps": args.every_steps, "every_epochs": 1,
-                       "keep": 3},
+                       "keep": 3, "save_iterator": not args.no_save_iterator},
         "communication": {"timeout_seconds": 60, "compression": args.compression},
         "evaluator": {"poll_seconds": 0.2},
     }

@@ -1,0 +1,132 @@
+"""The training input's position in checkpoints: each worker saves its own iterator's state.
+
+With ``checkpoint.save_iterator`` (the default) ``fit`` reads its training
+input through one ``hybridpar.data.resumable.ResumableIterator`` per worker.
+Each save records that iterator's state (the pipeline's position and its
+buffers) as the string tensor ``input/<worker>`` on the worker's host, beside
+the variables (a non-chief worker writes it in its own bundle, ``zero_shards``),
+and the manifest's ``data.input_state`` says for which input (its
+``fingerprint``: workers, replicas, sharding, pieces). A resume restores it into
+the first iterator of the resumed epoch, so no batch is replayed, whatever the
+step. A pipeline with stateful ops other than Python ones (a random op in a
+``map``, Keras's shuffle of in-memory arrays) is saved without those ops' own
+state, and the log says so once. Where the state cannot serve (a pipeline with
+a Python generator or function; a checkpoint of another topology or input; one
+written without it), the batches already trained are drawn again
+(``skipping``) and the log says why, once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from hybridpar.checkpoint import tensor_io
+from hybridpar.data import resumable
+from hybridpar.errors import CheckpointDamagedError, ConfigError
+
+logger = logging.getLogger("hybridpar")
+
+GROUP = "input"
+RECORD = "input_state"  # the key of the manifest's ``data`` that describes the saved state
+
+
+def key(worker: int) -> str:
+    """The tensor holding worker ``worker``'s iterator state."""
+    return f"{GROUP}/{worker:05d}"
+
+
+def _first_line(err: Exception) -> str:
+    return str(getattr(err, "message", err)).splitlines()[0]
+
+
+# A Python function's state (a generator's position) is not in the iterator's: a state saved
+# without it would restart the generator at the saved position's element count, silently.
+_PYTHON_STATE = ("PyFunc", "EagerPyFunc", "generator")
+
+
+class InputSaver:
+    """Captures the iterator's state at each save. Each pipeline's kind is said once: one
+    that cannot be saved (a Python generator or function) is then left alone; one whose
+    stateful ops are saved without their own state (random ops) is saved so."""
+
+    def __init__(self) -> None:
+        self.unsaveable: str | None = None
+        self.external_state: str | None = None
+
+    def capture(self, iterator: Any, worker: int) -> tuple[list[tensor_io.Piece],
+                                                           dict[str, Any] | None]:
+        """The piece holding ``iterator``'s state and the manifest's record of it, or
+        nothing for an iterator that is not resumable or cannot be saved."""
+        if not isinstance(iterator, resumable.ResumableIterator) or self.unsaveable:
+            return [], None
+        try:
+            state = iterator.state(external_state=self.external_state is not None)
+        except tf.errors.FailedPreconditionError as err:
+            reason = _first_line(err)
+            if any(word in reason for word in _PYTHON_STATE):
+                self.unsaveable = reason
+                logger.warning(
+                    "hybridpar: the training input's position cannot be saved with the "
+                    "checkpoints (%s): a resume will draw the batches already trained again. "
+                    "A pipeline of tf.data operations (no Python generator or py_function) is "
+                    "resumed without that.", reason)
+                return [], None
+            self.external_state = reason
+            logger.warning(
+                "hybridpar: the training input is saved with the checkpoints without the "
+                "state of its stateful ops (%s): a resume continues at the saved position, "
+                "with its buffers, but such an op (a random op in a map, Keras's shuffle of "
+                "in-memory arrays) draws other values than the uninterrupted run would. "
+                "Stateless ops (tf.random.stateless_*, a seeded shuffle) resume exactly.",
+                reason)
+            state = iterator.state(external_state=True)
+        return ([tensor_io.Piece(key(worker), "", state)],
+                {"fingerprint": iterator.dataset.fingerprint})
+
+
+def restorer(reader: Any, manifest: dict[str, Any], worker: int) -> Callable[[Any], bool]:
+    """What puts the resumed epoch's first iterator where the checkpoint left it.
+
+    The returned function restores the saved state into a resumable iterator of the
+    same input and returns ``True``; otherwise it says why once and returns
+    ``False`` (the batches are then drawn again).
+    """
+    record = manifest["data"].get(RECORD)
+
+    def restore(iterator: Any) -> bool:
+        if not isinstance(iterator, resumable.ResumableIterator):
+            why = ("this fit's input is read by TensorFlow's distributed iterator, which "
+                   "cannot be restored (checkpoint.save_iterator is false, or the input is "
+                   "not a tf.data dataset of batches)")
+        elif record is None:
+            why = "the checkpoint holds no state of the input's iterator"
+        elif record["fingerprint"] != iterator.dataset.fingerprint:
+            why = (f"its input's state was saved for {record['fingerprint']}, and this fit "
+                   f"reads {iterator.dataset.fingerprint}")
+        else:
+            why = _restored(reader, iterator, worker)
+            if why is None:
+                logger.info("hybridpar: restored the training input's position from the "
+                            "checkpoint; no batch is drawn again.")
+                return True
+        logger.info("hybridpar: the batches already trained are drawn again: %s.", why)
+        return False
+
+    return restore
+
+
+def _restored(reader: Any, iterator: Any, worker: int) -> str | None:
+    """Restores worker ``worker``'s saved state into ``iterator``; ``None``, or why not."""
+    try:
+        state = reader.array(key(worker), "string")
+    except (KeyError, ConfigError, CheckpointDamagedError, tf.errors.OpError) as err:
+        return f"the state of worker {worker}'s iterator cannot be read ({_first_line(err)})"
+    try:
+        iterator.restore(state)
+    except tf.errors.OpError as err:
+        return f"the saved state does not fit this input's pipeline ({_first_line(err)})"
+    return None
