@@ -15,7 +15,9 @@ their reads and writes per task,
 ``flat_slices`` a ZeRO shard's element range as stored boxes, ``zero_shards``
 each worker's own write of its ZeRO shards,
 ``model_state`` captures and restores models, ``coordination`` has every
-worker restore the chief's choice, ``callback`` is ``PeriodicCheckpoint``,
+worker restore the chief's choice, ``read_shares`` and ``shared_restore``
+have each worker read its share of it, ``input_state`` saves each worker's
+input iterator, ``callback`` is ``PeriodicCheckpoint``,
 ``preemption`` saves on SIGTERM, ``export`` writes Keras weights files.
 
 Public functions: ``latest(dir)``, ``list_checkpoints(dir)``, ``verify(path)``,

@@ -258,8 +258,9 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
                         self.directory)
             return
         model_state.ensure_built(self.model)
+        share = (self._worker(), cluster.num_workers) if self.policy.coordinated else None
         found, values, pending = resumption.apply(self.model, self.directory, found,
-                                                  self.policy)
+                                                  self.policy, share)
         self._pending_metrics = values if pending else None
         self.restored = found
         trainer = self.state.trainer if self.state is not None else None

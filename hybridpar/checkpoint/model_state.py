@@ -29,6 +29,7 @@ from hybridpar.checkpoint import (
     layout,
     npz,
     publication,
+    shared_restore,
     storage,
     tensor_io,
     zero_shards,
@@ -211,8 +212,12 @@ def _check(model: Any, path: Any, manifest: dict[str, Any], group: str) -> None:
 
 
 def apply(model: Any, path: Any, manifest: dict[str, Any], values: Reader,
-          *, optimizer: bool = True, metrics: bool = True) -> bool:
+          *, optimizer: bool = True, metrics: bool = True,
+          share: tuple[int, int] | None = None) -> bool:
     """Assigns a checkpoint's values to ``model`` (and its optimizer and metrics).
+
+    Args:
+        share: as ``assign_groups``'s.
 
     Returns:
         Whether the metrics match (and were restored, with ``metrics``).
@@ -229,7 +234,8 @@ def apply(model: Any, path: Any, manifest: dict[str, Any], values: Reader,
     if not metrics_match:
         logger.warning("hybridpar: the metrics of checkpoint %s differ from this model's; "
                        "metrics start from zero.", storage.name(path))
-    assign_groups(model, groups + (["metrics"] if metrics and metrics_match else []), values)
+    assign_groups(model, groups + (["metrics"] if metrics and metrics_match else []), values,
+                  share)
     if optimizer:
         compression_state.restore(model, path, manifest, values)
     return metrics_match
@@ -247,20 +253,29 @@ def apply_weights(model: Any, path: Any, manifest: dict[str, Any], arrays: dict[
     assign_groups(model, ["model"], tensor_io.ArrayReader(arrays))
 
 
-def assign_groups(model: Any, groups: list[str], values: Reader) -> None:
+def assign_groups(model: Any, groups: list[str], values: Reader,
+                  share: tuple[int, int] | None = None) -> None:
     """Assigns groups (``model``, ``optimizer``, ``metrics``) of a checked checkpoint.
 
     Each task's parts are read and assigned by that task, the tasks at the same
     time (``tensor_io.per_host``): the parameter servers restore side by side.
+
+    Args:
+        share: ``(this worker, workers)`` when every worker of a multi-worker
+            strategy restores at once: each reads its share of the replicated
+            variables and receives the rest (``shared_restore``).
     """
     def assign(name: str, logical: layout.Logical, part: Any) -> None:
         tensor_io.assign(part, values.read(name, logical, part))
 
-    tensor_io.per_host([
-        (tensor_io.host_of(tensor_io.device_of(part.variable)),
-         functools.partial(assign, key(group, index), logical, part))
-        for group in groups for index, logical in enumerate(logicals(model, group))
-        for part in logical.parts])
+    items = [(key(group, index), logical, part)
+             for group in groups for index, logical in enumerate(logicals(model, group))
+             for part in logical.parts]
+    if share is not None:
+        items = shared_restore.restore(model.distribute_strategy, items, values, *share)
+    tensor_io.per_host([(tensor_io.host_of(tensor_io.device_of(part.variable)),
+                         functools.partial(assign, name, logical, part))
+                        for name, logical, part in items])
 
 
 def write(directory: str | os.PathLike, pieces: list[tensor_io.Piece],

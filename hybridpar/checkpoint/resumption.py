@@ -27,9 +27,13 @@ def choose(directory: str | os.PathLike, policy: SavePolicy, *, is_chief: bool,
                                task=task, deep=policy.deep)
 
 
-def apply(model: Any, directory: str | os.PathLike, found: Found,
-          policy: SavePolicy) -> tuple[Found, model_state.Reader, bool]:
+def apply(model: Any, directory: str | os.PathLike, found: Found, policy: SavePolicy,
+          share: tuple[int, int] | None = None) -> tuple[Found, model_state.Reader, bool]:
     """Restores ``found`` (or, if it proves damaged, the newest older one) into ``model``.
+
+    Args:
+        share: ``(this worker, workers)`` where every worker restores the chief's choice
+            (``policy.coordinated``): each reads its share (``shared_restore``).
 
     Returns:
         The checkpoint restored, its reader (for the input's state, and for the
@@ -44,7 +48,7 @@ def apply(model: Any, directory: str | os.PathLike, found: Found,
         values = model_state.reader(found.path, found.manifest)
         try:
             pending = model_state.apply(model, found.path, found.manifest, values,
-                                        metrics=False)
+                                        metrics=False, share=share)
             return found, values, pending
         except CheckpointDamagedError as err:
             if policy.coordinated:

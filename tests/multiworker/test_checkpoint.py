@@ -7,6 +7,7 @@ optimizer steps) and is compared with one uninterrupted single-process run.
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -82,6 +83,12 @@ def test_a_sigkilled_worker_is_restarted_and_loses_no_step(tmp_path, reference):
     for task in ("worker:0", "worker:1"):  # each worker restored its own iterator
         assert (f"[{task}] hybridpar: restored the training input's position from the "
                 "checkpoint; no batch is drawn again.") in run.stderr
+    # Each worker read its share of the checkpoint and received the rest (shared_restore).
+    shares = re.findall(r"\[worker:(\d)\] hybridpar: worker \1 of 2 read ([\d,]+) of the "
+                        r"checkpoint's ([\d,]+) bytes of replicated variables", run.stderr)
+    assert sorted(worker for worker, _, _ in shares) == ["0", "1"], run.stderr[-4000:]
+    read = [int(share.replace(",", "")) for _, share, _ in shares]
+    assert sum(read) == int(shares[0][2].replace(",", "")) and max(read) < 0.75 * sum(read)
     # Chief-only files: exactly the kept checkpoints, nothing partial.
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
         "ckpt-00000030", "ckpt-00000040", "ckpt-00000045"]

@@ -58,6 +58,7 @@ PURE_MODULES = [
     "hybridpar.checkpoint.policy",
     "hybridpar.checkpoint.position",
     "hybridpar.checkpoint.publication",
+    "hybridpar.checkpoint.read_shares",
     "hybridpar.checkpoint.watch",
     "hybridpar.launch",
     "hybridpar.startup",
