@@ -1,4 +1,5 @@
-"""Assertions the equivalence and model-zoo tests share: weights, mirrored copies, twins.
+"""What the equivalence, checkpoint and model-zoo tests share: weights, mirrored copies,
+twins, and a crash at a given step.
 
 Imported by test modules as ``import model_checks`` (this folder is on the test path,
 like ``launch_helpers``).
@@ -109,3 +110,16 @@ def token_batch(examples: int, vocabulary: int = 50, length: int = 8) -> tuple[d
     ids = rng.integers(1, vocabulary, (examples, length)).astype("int32")
     return {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype=bool)}, ids
 
+
+
+class Crash(keras.callbacks.Callback):
+    """Stops the process's training abruptly after optimizer step ``at`` (a simulated crash:
+    ``KeyboardInterrupt`` escapes ``fit``, as a kill would end it)."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at = at
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == self.at:
+            raise KeyboardInterrupt(f"crash after step {self.at}")

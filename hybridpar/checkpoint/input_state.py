@@ -56,6 +56,7 @@ class InputSaver:
     def __init__(self) -> None:
         self.unsaveable: str | None = None
         self.external_state: str | None = None
+        self._sized = False
 
     def capture(self, iterator: Any, worker: int) -> tuple[list[tensor_io.Piece],
                                                            dict[str, Any] | None]:
@@ -84,6 +85,10 @@ class InputSaver:
                 "Stateless ops (tf.random.stateless_*, a seeded shuffle) resume exactly.",
                 reason)
             state = iterator.state(external_state=True)
+        if not self._sized:
+            self._sized = True
+            logger.info("hybridpar: each checkpoint saves the training input's position with "
+                        "its buffers: %s bytes on this worker.", f"{len(state.numpy()):,}")
         return ([tensor_io.Piece(key(worker), "", state)],
                 {"fingerprint": iterator.dataset.fingerprint})
 

@@ -8,10 +8,12 @@ its first example, which carry a ``keep`` of 0 (the input's own examples carry
 can give the padding no weight. Each piece is a ``ReplicaBatch``.
 
 ``split_batches`` is what hybridpar's replicated strategies distribute in
-place of the user's dataset (``strategies.even_batches``); ``zero_row_if_empty``
-guards the one case the split cannot see, a replica that TensorFlow's
-distributed iterator hands an empty batch because its worker's input ended
-before another worker's.
+place of the user's dataset (``strategies.even_batches``); ``split_evenly``
+cuts batches that divide into equal slices with static shapes, for the
+resumable input (``resumable``), which reads the pieces itself;
+``zero_row_if_empty`` guards the one case the split cannot see, a replica
+that a distributed iterator hands an empty batch because its worker's input
+ended before another worker's.
 """
 
 from __future__ import annotations

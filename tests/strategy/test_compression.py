@@ -15,7 +15,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_checkpoints_in_one_process import Crash, build, dataset  # beside this file
+from model_checks import Crash
+from test_checkpoints_in_one_process import build, dataset  # beside this file
 
 import hybridpar
 

@@ -2,12 +2,13 @@
 restores the iterator instead of drawing the batches already trained again."""
 
 import logging
+import re
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from model_checks import max_weight_difference
+from model_checks import Crash, max_weight_difference
 
 import hybridpar
 from hybridpar.data import resumable
@@ -40,16 +41,6 @@ def generated() -> tf.data.Dataset:
 
     signature = (tf.TensorSpec([8], tf.float32), tf.TensorSpec([2], tf.float32))
     return tf.data.Dataset.from_generator(examples, output_signature=signature).batch(BATCH)
-
-
-class Crash(keras.callbacks.Callback):
-    def __init__(self, at: int) -> None:
-        super().__init__()
-        self.at = at
-
-    def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations.numpy()) == self.at:
-            raise KeyboardInterrupt(f"crash after step {self.at}")
 
 
 def arrays():
@@ -162,7 +153,7 @@ class Inputs(keras.callbacks.Callback):
         self.model.train_function = recording
 
 
-def test_fit_reads_a_resumable_iterator_only_with_a_callback_that_saves_it(tmp_path):
+def test_fit_reads_a_resumable_iterator_only_with_a_callback_that_saves_it(tmp_path, caplog):
     config = {"data_parallel": {"mode": "mirrored"}, "data": {"global_batch_size": BATCH},
               "checkpoint": {"dir": str(tmp_path), "every_steps": 4}}
     with hybridpar.scope(config) as hs:
@@ -170,10 +161,14 @@ def test_fit_reads_a_resumable_iterator_only_with_a_callback_that_saves_it(tmp_p
         model.compile("sgd", "mse")
         callbacks = hs.callbacks()
     with_checkpoints, without = Inputs(), Inputs()
-    model.fit(reshuffling().take(2), epochs=1, callbacks=[*callbacks, with_checkpoints],
-              validation_data=reshuffling().take(1), verbose=0)
+    with caplog.at_level(logging.INFO, logger="hybridpar"):
+        model.fit(reshuffling().take(4), epochs=1, callbacks=[*callbacks, with_checkpoints],
+                  validation_data=reshuffling().take(1), verbose=0)
+    said = re.findall(r"the training input's position with its buffers: ([\d,]+) bytes",
+                      caplog.text)
+    assert len(said) == 1 and int(said[0].replace(",", "")) > 0  # the first save says it
     model.fit(reshuffling().take(2), epochs=1, callbacks=[without], verbose=0)
-    assert with_checkpoints.types == [resumable.ResumableIterator] * 2
+    assert with_checkpoints.types == [resumable.ResumableIterator] * 4
     assert len(without.types) == 2
     assert all(issubclass(t, tf.distribute.DistributedIterator) for t in without.types)
 

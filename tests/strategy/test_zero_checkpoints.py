@@ -8,7 +8,8 @@ onto an unsharded run and onto one device, and an unsharded one onto a sharded r
 import keras
 import numpy as np
 import pytest
-from test_checkpoints_in_one_process import EPOCHS, Crash, build, dataset
+from model_checks import Crash
+from test_checkpoints_in_one_process import EPOCHS, build, dataset
 
 import hybridpar
 from hybridpar.checkpoint import export, model_state
