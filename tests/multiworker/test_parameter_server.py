@@ -152,7 +152,7 @@ def test_a_lost_ps_is_named_and_a_relaunch_resumes_from_the_checkpoint(tmp_path)
     result = launch(2, 2, *train_ps(tmp_path, *args), max_restarts=1)
     assert result.returncode == 0, result.stderr[-4000:]
     assert ("hybridpar.errors.ParameterServerUnavailableError: Parameter server ps:1 "
-            "(127.0.0.1:") in result.stderr
+            "(127.0.0.1:") in result.stderr, result.stderr[:8000]
     assert "became unavailable during training" in result.stderr
     assert "task chief:0 exited with 1; restarting the cluster (restart 1 of 1)" in result.stderr
     assert not (tmp_path / "chief-0.json").exists()
