@@ -58,11 +58,14 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
       ``CheckpointWriteError`` at the next save or the end of ``fit``.
     - With ``resume`` (``checkpoint.backup_and_restore``), ``fit`` first
       restores the newest undamaged checkpoint in ``dir`` and continues at
-      its optimizer step: it starts at the saved epoch and skips the batches
-      of that epoch that were already trained, by drawing them from the
-      iterator without training on them. This reproduces the uninterrupted
-      run when the data is deterministic: each epoch's iterator yields the
-      same batches in the same order whatever ran before in the process
+      its optimizer step: it starts at the saved epoch, at the first batch
+      not yet trained. With ``save_iterator`` (the default) the input
+      iterator's saved state is restored (``input_state``), so no batch is
+      drawn again and a seeded ``shuffle`` continues in the uninterrupted
+      run's orders. Where that state cannot serve (a Python generator,
+      another topology) the trained batches are drawn again without training
+      on them, which reproduces the uninterrupted run when each epoch's
+      iterator yields the same batches whatever ran before in the process
       (no shuffling, or ``shuffle(..., seed=..., reshuffle_each_iteration=False)``).
     - With ``preemption``, SIGTERM during ``fit`` makes every worker save at
       the same step boundary (the step after the next) and exit with

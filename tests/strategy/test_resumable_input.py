@@ -76,21 +76,24 @@ def weights(model: keras.Model) -> list[np.ndarray]:
 @pytest.mark.parametrize("mode, steps_per_execution", [
     ("none", 1), ("mirrored", 1), ("mirrored", 2),
 ])
-def test_a_reshuffling_input_resumes_inside_its_epoch_like_the_uninterrupted_run(
+def test_a_reshuffling_input_resumes_like_the_uninterrupted_run(
     mode, steps_per_execution, tmp_path, caplog
 ):
     """Drawing the trained batches again would meet another order (a fresh iterator draws
-    another shuffle in a new run); the restored iterator continues the saved one's."""
+    another shuffle in a new run); the restored iterator continues the saved one's, and the
+    later epochs draw the orders of the uninterrupted run (the iterator's state holds its
+    shuffle's seed generator)."""
     reference, _ = train(tmp_path / "reference", reshuffling, mode,
                          steps_per_execution=steps_per_execution)
-    with pytest.raises(KeyboardInterrupt):  # in the last epoch: steps 27 to 39
-        train(tmp_path / "resumed", reshuffling, mode, crash_at=34,
-              steps_per_execution=steps_per_execution)
+    # Saves every 3 steps reach the middle epoch (steps 14 to 26) with 2 steps per call too.
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path / "resumed", reshuffling, mode, crash_at=23,
+              steps_per_execution=steps_per_execution, every_steps=3)
     with caplog.at_level(logging.INFO, logger="hybridpar"):
         resumed, callback = train(tmp_path / "resumed", reshuffling, mode,
-                                  steps_per_execution=steps_per_execution)
-    assert callback.restored.step == 32
-    assert callback.restored.manifest["data"]["batch"] == 6
+                                  steps_per_execution=steps_per_execution, every_steps=3)
+    assert callback.restored.step == 21
+    assert callback.restored.manifest["data"]["batch"] == 8
     assert "restored the training input's position from the checkpoint" in caplog.text
     assert "are drawn again" not in caplog.text
     assert int(resumed.optimizer.iterations.numpy()) == EPOCHS * 13
