@@ -262,14 +262,14 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             return
         model_state.ensure_built(self.model)
         share = (self._worker(), cluster.num_workers) if self.policy.coordinated else None
-        found, values, pending = resumption.apply(self.model, self.directory, found,
-                                                  self.policy, share)
+        found, values, pending, saved_input = resumption.apply(
+            self.model, self.directory, found, self.policy, share, self._worker())
         self._pending_metrics = values if pending else None
         self.restored = found
         trainer = self.state.trainer if self.state is not None else None
+        restore_input = input_state.restorer(saved_input, found.manifest, self._worker())
         resume = self.policy.resume(self.model, found.manifest, self.params.get("steps"),
-                                    input_state.restorer(values, found.manifest, self._worker()),
-                                    getattr(trainer, "start_next_epoch_at", None))
+                                    restore_input, getattr(trainer, "start_next_epoch_at", None))
         self.model._initial_epoch = resume.epoch
         self._epoch, self._initial_batch = resume.epoch, resume.batch
         self._resumes_inside = resume.inside

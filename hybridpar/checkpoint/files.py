@@ -21,6 +21,7 @@ from hybridpar.checkpoint.manifest import (
     CRC32C,
     FORMAT_V2,
     FORMATS,
+    INDEX_FILE,
     MANIFEST_FILE,
     PARTIAL_PREFIX,
     checkpoint_name,
@@ -71,11 +72,12 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def check_files(path: str | os.PathLike, manifest: dict[str, Any], *, deep: bool = True) -> None:
-    """Checks every state file against the manifest: its size, and with ``deep`` its checksum.
+    """Checks every state file against the manifest: its size, the index's SHA-256 (a few
+    bytes per tensor, holding each tensor's CRC32C), and with ``deep`` every checksum.
 
-    A file with a SHA-256 in the manifest is read and hashed; the data files of
-    a format-2 checkpoint are checked by reading every tensor, which TensorFlow
-    checks against the CRC32C in the index (``tensor_io.check_checksums``).
+    With ``deep`` a file with a SHA-256 in the manifest is read and hashed, and the
+    data files of a format-2 checkpoint are checked by reading every tensor, which
+    TensorFlow checks against the CRC32C in the index (``tensor_io.check_checksums``).
 
     Raises:
         CheckpointDamagedError: naming the first file that is missing or differs.
@@ -84,7 +86,7 @@ def check_files(path: str | os.PathLike, manifest: dict[str, Any], *, deep: bool
     for name, expected in sorted(manifest["files"].items()):
         file = storage.join(path, name)
         problem = file_problem(str(file), storage.size(file), expected)
-        if problem is None and deep and "sha256" in expected:
+        if problem is None and "sha256" in expected and (deep or name == INDEX_FILE):
             try:
                 problem = hash_problem(str(file), storage.sha256_of(file)[1], expected)
             except FileNotFoundError:
@@ -105,8 +107,8 @@ def verify(path: str | os.PathLike, *, deep: bool = True) -> dict[str, Any]:
 
     Args:
         deep: also check every file's checksum (reads each file once);
-            otherwise sizes only (TensorFlow checks each tensor's CRC32C as
-            it restores it).
+            otherwise sizes and the index's SHA-256 (TensorFlow checks each
+            tensor's CRC32C as it restores it).
 
     Returns:
         The manifest.

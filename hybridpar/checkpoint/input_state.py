@@ -13,12 +13,14 @@ step. A pipeline with stateful ops other than Python ones (a random op in a
 state, and the log says so once. Where the state cannot serve (a pipeline with
 a Python generator or function; a checkpoint of another topology or input; one
 written without it), the batches already trained are drawn again
-(``skipping``) and the log says why, once.
+(``skipping``) and the log says why, once. A saved state that fails its CRC32C
+makes the checkpoint damaged (``read``), like any other tensor of it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +28,7 @@ import tensorflow as tf
 
 from hybridpar.checkpoint import tensor_io
 from hybridpar.data import resumable
-from hybridpar.errors import CheckpointDamagedError, ConfigError
+from hybridpar.errors import CheckpointDamagedError
 
 logger = logging.getLogger("hybridpar")
 
@@ -93,12 +95,39 @@ class InputSaver:
                 {"fingerprint": iterator.dataset.fingerprint})
 
 
-def restorer(reader: Any, manifest: dict[str, Any], worker: int) -> Callable[[Any], bool]:
+def read(reader: Any, path: Any, manifest: dict[str, Any], worker: int) -> Any:
+    """Worker ``worker``'s saved input state, read with the rest of the checkpoint, so that
+    a damaged one (TensorFlow checks its CRC32C as it reads it) makes the checkpoint damaged.
+
+    Returns:
+        The state, or ``None`` when the checkpoint holds none for this worker.
+
+    Raises:
+        CheckpointDamagedError: naming the checkpoint and the tensor.
+    """
+    if manifest["data"].get(RECORD) is None:
+        return None
+    try:
+        return reader.array(key(worker), "string")
+    except (KeyError, tf.errors.NotFoundError):
+        return None  # a worker the saving run did not have: its fingerprint differs
+    except tf.errors.OpError as err:
+        raise CheckpointDamagedError(f"{os.fspath(path)}: {key(worker)} cannot be read "
+                                     f"({_first_line(err)})") from None
+
+
+def restorer(saved: Any, manifest: dict[str, Any], worker: int) -> Callable[[Any], bool]:
     """What puts the resumed epoch's first iterator where the checkpoint left it.
 
-    The returned function restores the saved state into a resumable iterator of the
-    same input and returns ``True``; otherwise it says why once and returns
-    ``False`` (the batches are then drawn again).
+    Args:
+        saved: this worker's saved state (``read``), or ``None``.
+        manifest: the checkpoint's manifest.
+        worker: this worker's index.
+
+    Returns:
+        A function that restores the saved state into a resumable iterator of the
+        same input and returns ``True``; otherwise it says why once and returns
+        ``False`` (the batches are then drawn again).
     """
     record = manifest["data"].get(RECORD)
 
@@ -112,8 +141,10 @@ def restorer(reader: Any, manifest: dict[str, Any], worker: int) -> Callable[[An
         elif record["fingerprint"] != iterator.dataset.fingerprint:
             why = (f"its input's state was saved for {record['fingerprint']}, and this fit "
                    f"reads {iterator.dataset.fingerprint}")
+        elif saved is None:
+            why = f"the checkpoint holds no state of worker {worker}'s iterator"
         else:
-            why = _restored(reader, iterator, worker)
+            why = _restored(saved, iterator)
             if why is None:
                 logger.info("hybridpar: restored the training input's position from the "
                             "checkpoint; no batch is drawn again.")
@@ -124,14 +155,10 @@ def restorer(reader: Any, manifest: dict[str, Any], worker: int) -> Callable[[An
     return restore
 
 
-def _restored(reader: Any, iterator: Any, worker: int) -> str | None:
-    """Restores worker ``worker``'s saved state into ``iterator``; ``None``, or why not."""
+def _restored(saved: Any, iterator: Any) -> str | None:
+    """Restores ``saved`` into ``iterator``; ``None``, or why not."""
     try:
-        state = reader.array(key(worker), "string")
-    except (KeyError, ConfigError, CheckpointDamagedError, tf.errors.OpError) as err:
-        return f"the state of worker {worker}'s iterator cannot be read ({_first_line(err)})"
-    try:
-        iterator.restore(state)
+        iterator.restore(saved)
     except tf.errors.OpError as err:
         return f"the saved state does not fit this input's pipeline ({_first_line(err)})"
     return None

@@ -49,8 +49,9 @@ class SavePolicy(abc.ABC):
 
     #: the manifest's topology records the ps tasks
     asynchronous: ClassVar[bool]
-    #: choosing a checkpoint checks every file's checksum (else sizes only)
-    deep: ClassVar[bool]
+    #: choosing a checkpoint reads every tensor first, so TensorFlow checks its CRC32C
+    #: (``files.verify``); else the restore checks each tensor as it reads it
+    deep: bool
 
     def __init__(self, save: Save, *, coordinated: bool = False) -> None:
         self._save = save
@@ -106,11 +107,14 @@ class SynchronousPolicy(SavePolicy):
     """Step and epoch saves of synchronous training, with the data position (module doc)."""
 
     asynchronous = False
-    deep = True
 
     def __init__(self, save: Save, epoch: Callable[[], int], draw: Draw, *,
                  coordinated: bool) -> None:
         super().__init__(save, coordinated=coordinated)
+        # Every worker restores the chief's choice, so the chief reads it whole first; one
+        # worker reads it once, and a tensor that fails its CRC32C as it is restored falls
+        # back to the previous checkpoint (``resumption.apply``).
+        self.deep = coordinated
         self._epoch = epoch
         self._draw = draw
         self._epoch_save_pending = False

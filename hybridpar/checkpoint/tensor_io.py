@@ -241,6 +241,11 @@ def _first_line(err: Exception) -> str:
     return str(getattr(err, "message", err)).splitlines()[0]
 
 
+# What RestoreV2 raises for a file whose bytes are not what was written: a CRC32C that does
+# not match, a file cut short, an index entry that points outside its file.
+_DAMAGE = (tf.errors.DataLossError, tf.errors.OutOfRangeError, tf.errors.InvalidArgumentError)
+
+
 class BundleReader:
     """Reads a format-2 checkpoint's tensors, each part on its own device."""
 
@@ -271,11 +276,12 @@ class BundleReader:
                 "every task shares (the ps tasks read their own rows), not a local directory "
                 "of each machine."
             ) from None
-        except (tf.errors.DataLossError, tf.errors.OutOfRangeError,
-                tf.errors.InvalidArgumentError) as err:
-            raise CheckpointDamagedError(
-                f"{os.fspath(self.path)}: {name} cannot be read "
-                f"({err.message.splitlines()[0]})") from None
+        except _DAMAGE as err:
+            raise self._damaged(name, err) from None
+
+    def _damaged(self, name: str, err: tf.errors.OpError) -> CheckpointDamagedError:
+        return CheckpointDamagedError(f"{os.fspath(self.path)}: {name} cannot be read "
+                                      f"({err.message.splitlines()[0]})")
 
     def _flat(self, name: str, logical: Logical, part: FlatPart) -> Any:
         """A flat part's elements: its boxes read (re-cut from the stored slices), joined."""
@@ -288,9 +294,19 @@ class BundleReader:
         return tf.concat([tf.reshape(v, [-1]) for v in values], 0)
 
     def array(self, name: str, dtype: str) -> np.ndarray:
-        """One whole tensor as a host array (small state: PowerSGD's, an evaluator's weights)."""
-        with tf.device(f"{local_host()}/device:CPU:0"):
-            return gen_io_ops.restore_v2(self.prefix, [name], [""], [tf.as_dtype(dtype)])[0].numpy()
+        """One whole tensor as a host array (small state: PowerSGD's, an evaluator's weights,
+        the input's position).
+
+        Raises:
+            CheckpointDamagedError: when its file fails TensorFlow's CRC32C or is unreadable.
+            tf.errors.NotFoundError: when the checkpoint has no tensor ``name``.
+        """
+        try:
+            with tf.device(f"{local_host()}/device:CPU:0"):
+                return gen_io_ops.restore_v2(self.prefix, [name], [""],
+                                             [tf.as_dtype(dtype)])[0].numpy()
+        except _DAMAGE as err:
+            raise self._damaged(name, err) from None
 
 
 class ArrayReader:

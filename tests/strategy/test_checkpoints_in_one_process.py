@@ -192,6 +192,29 @@ def test_a_corrupted_byte_is_found_by_the_checksum(tmp_path, name):
     assert hybridpar.checkpoint.latest(tmp_path / "ckpt").step == 4
 
 
+@pytest.mark.parametrize("name", ["state.data-00000-of-00001", "state.index"])
+def test_a_flipped_byte_found_as_the_resume_reads_falls_back_to_the_previous(
+    tmp_path, name, caplog
+):
+    """One process reads the checkpoint once: no tensor is read ahead to check it. The
+    sizes still match; the index's SHA-256 finds a byte of the index when the checkpoint is
+    chosen, TensorFlow's CRC32C one of the data file (here in the input's saved position)
+    as it is read, and the previous checkpoint is restored over what was read."""
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path / "ckpt", crash_at=9)
+    state = tmp_path / "ckpt" / "ckpt-00000008" / name
+    data = bytearray(state.read_bytes())
+    data[-200] ^= 0xFF
+    state.write_bytes(bytes(data))
+    reference, _, _ = train(tmp_path / "reference")
+    with caplog.at_level(logging.WARNING, logger="hybridpar"):
+        resumed, _, callback = train(tmp_path / "ckpt")
+    assert callback.restored.step == 4
+    assert callback.restored.skipped[0][0] == state.parent
+    assert "checkpoint ckpt-00000008 is damaged" in caplog.text
+    assert max_diff(resumed, reference) <= 1e-5
+
+
 def test_every_checkpoint_damaged_is_an_error_not_a_fresh_start(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         train(tmp_path / "ckpt", crash_at=5)

@@ -1,5 +1,6 @@
 """hybridpar.checkpoint's file format and rules, on plain numpy arrays (no TensorFlow)."""
 
+import hashlib
 import json
 
 import numpy as np
@@ -57,6 +58,27 @@ def test_damage_is_named_and_latest_falls_back(tmp_path, damage, message):
         files.verify(tmp_path / "ckpt-00000002")
     found = files.latest(tmp_path)
     assert found.step == 1 and found.skipped[0][0].name == "ckpt-00000002"
+
+
+def test_a_shallow_check_hashes_the_index_and_sizes_the_data_files(tmp_path):
+    """Choosing without reading every tensor (one process, the ps) still hashes the index, a
+    few bytes per tensor; a data file is checked by its size here and by TensorFlow's
+    CRC32C as the restore reads it."""
+    path = tmp_path / "ckpt-00000001"
+    path.mkdir()
+    index, data = path / "state.index", path / "state.data-00000-of-00001"
+    index.write_bytes(b"index bytes")
+    data.write_bytes(b"data bytes")
+    entries = {index.name: {"bytes": 11, "sha256": hashlib.sha256(b"index bytes").hexdigest()},
+               data.name: {"bytes": 10, "checksum": manifest.CRC32C}}
+    (path / "manifest.json").write_text(json.dumps(
+        {"format": manifest.FORMAT_V2, "step": 1, "files": entries}))
+    data.write_bytes(b"DATA bytes")  # the same size: left to the CRC32C as it is read
+    assert files.verify(path, deep=False)["step"] == 1
+    index.write_bytes(b"INDEX bytes")
+    with pytest.raises(CheckpointDamagedError, match=r"state.index has SHA-256 .* the "
+                                                     r"manifest says"):
+        files.verify(path, deep=False)
 
 
 def test_latest_of_nothing_is_none_and_of_only_damage_an_error(tmp_path):
