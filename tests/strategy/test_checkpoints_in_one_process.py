@@ -175,14 +175,21 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog
     assert not list((tmp_path / "ckpt").glob(".partial-*"))
 
 
-@pytest.mark.parametrize("name", ["state.data-00000-of-00001", "state.index"])
-def test_a_corrupted_byte_is_found_by_the_checksum(tmp_path, name):
+def crash_and_flip_a_byte(directory, name: str):
+    """Trains to a crash after step 9 and flips a byte of file ``name`` of the newest
+    checkpoint (step 8; its size stays right). Returns that file."""
     with pytest.raises(KeyboardInterrupt):
-        train(tmp_path / "ckpt", crash_at=9)
-    state = tmp_path / "ckpt" / "ckpt-00000008" / name
+        train(directory, crash_at=9)
+    state = directory / "ckpt-00000008" / name
     data = bytearray(state.read_bytes())
     data[-200] ^= 0xFF
     state.write_bytes(bytes(data))
+    return state
+
+
+@pytest.mark.parametrize("name", ["state.data-00000-of-00001", "state.index"])
+def test_a_corrupted_byte_is_found_by_the_checksum(tmp_path, name):
+    state = crash_and_flip_a_byte(tmp_path / "ckpt", name)
     found = {"state.data-00000-of-00001": r"state.data-00000-of-00001 fails TensorFlow's CRC32C "
                                           r"check of (input|optimizer)/\d+ \(.*Checksum does not "
                                           r"match",
@@ -200,12 +207,7 @@ def test_a_flipped_byte_found_as_the_resume_reads_falls_back_to_the_previous(
     sizes still match; the index's SHA-256 finds a byte of the index when the checkpoint is
     chosen, TensorFlow's CRC32C one of the data file (here in the input's saved position)
     as it is read, and the previous checkpoint is restored over what was read."""
-    with pytest.raises(KeyboardInterrupt):
-        train(tmp_path / "ckpt", crash_at=9)
-    state = tmp_path / "ckpt" / "ckpt-00000008" / name
-    data = bytearray(state.read_bytes())
-    data[-200] ^= 0xFF
-    state.write_bytes(bytes(data))
+    state = crash_and_flip_a_byte(tmp_path / "ckpt", name)
     reference, _, _ = train(tmp_path / "reference")
     with caplog.at_level(logging.WARNING, logger="hybridpar"):
         resumed, _, callback = train(tmp_path / "ckpt")
