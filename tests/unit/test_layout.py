@@ -6,6 +6,7 @@ import json
 import pathlib
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -229,3 +230,13 @@ def test_test_modules_have_unique_names():
     for path in sorted((PACKAGE.parent / "tests").rglob("test_*.py")):
         seen.setdefault(path.name, []).append(str(path.relative_to(PACKAGE.parent)))
     assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
+
+
+def test_every_package_is_in_the_wheel():
+    """pyproject's explicit package list: a package missing there is left out of a non-editable
+    install (``pip install .``) and its imports fail only there."""
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    listed = set(project["tool"]["setuptools"]["packages"])
+    found = {".".join(init.parent.relative_to(PACKAGE.parent).parts)
+             for init in PACKAGE.rglob("__init__.py")}
+    assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
