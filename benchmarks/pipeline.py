@@ -36,6 +36,7 @@ step time over GPipe's at M=8. The last lines are ``name=value``.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -231,6 +232,8 @@ def report_profiles(models: Mapping[tuple[int, str], Any], data: Any) -> float:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    # Peak bytes (get_memory_info) are kept only by TensorFlow's BFC CPU allocator.
+    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     import hybridpar
     from hybridpar.parallel.schedule import bubble_fraction
 

@@ -11,6 +11,10 @@ import signal
 from collections.abc import Iterator
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TensorFlow's CPU allocator keeps the statistics tf.config.experimental.get_memory_info
+# reads (the peak bytes the 1F1B memory test compares) only when it is a BFC allocator;
+# the default one raises "Cannot reset memory stats for device 'CPU:0'".
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 import pytest
 from launch_helpers import all_pids, is_alive  # beside this file
