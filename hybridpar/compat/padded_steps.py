@@ -12,9 +12,10 @@ For models under a replicated strategy hybridpar built, the trainer
 (``hybridpar.training``, through ``trainer_hooks``) runs these when a replica
 holds a padded piece (its ``replica_share.Share`` has a keep mask):
 
-- ``padded_test_step`` (the trainer's ``test_step``) gives padding sample weight 0, counts only
-  the kept examples in the loss tracker and leaves padding out of the
-  metrics (the train step does the same, ``microbatch_step``);
+- ``padded_test_step`` (the trainer's ``test_step``) counts only the kept
+  examples in the loss tracker and leaves padding out of the metrics; the
+  user's sample weights, of any rank, reach the loss as on one device (the
+  train step does the same, ``microbatch_step``);
 - ``predict_function`` (the trainer's ``make_predict_function``) is Keras's
   predict function with each
   replica's outputs cut to its kept rows, so ``predict`` returns exactly the
@@ -43,9 +44,12 @@ from hybridpar.parallel import pipeline
 
 
 def padded_test_step(model: Any, data: Any, keep: tf.Tensor) -> Any:
-    """Keras 3.15's ``test_step`` on a padded piece: padding has no weight anywhere."""
+    """Keras 3.15's ``test_step`` on a padded piece: padding has no weight anywhere.
+
+    The user's sample weights reach the loss unchanged (a piece is all input or one
+    row of padding); a piece of padding counts 0 examples in the loss tracker.
+    """
     x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-    sample_weight = balanced.row_weighted(sample_weight, keep)
     y_pred = model(x, training=False) if model._call_has_training_arg else model(x)
     loss = model._compute_loss(
         x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False

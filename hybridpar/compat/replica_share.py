@@ -27,6 +27,15 @@ only padding has a share of 0, so its loss adds nothing to the gradients,
 whatever ``train_step`` computes it. The replica function receives the piece's
 data as the dataset yields it; hybridpar's own steps (``padded_steps``) read
 the keep mask from the share to weight their metrics and outputs.
+
+Each output's loss figure (``CompileLoss.call``, ``compile_utils.py``) is a
+``Mean`` that Keras updates with the replica's mean loss and the weight
+``y_pred.shape[0]``, which is ``None`` for a dynamic batch: one device counts each
+batch once, a strategy counts each replica once, so on uneven pieces (or padding)
+the figure averages the replicas' means instead of the batch's (upstream, with or
+without hybridpar). In a weighted replica that record is ``records * examples /
+total`` times the mean (``output_record``), so the replicas' records of a batch add
+up to ``records`` batch means over ``records`` counts: one device's figure.
 """
 
 from __future__ import annotations
@@ -41,11 +50,13 @@ from typing import Any
 import tensorflow as tf
 from keras.src import tree
 from keras.src.losses import loss as keras_loss
+from keras.src.trainers import compile_utils
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from hybridpar.compat.patching import Fix, Patch, register
 from hybridpar.data import balanced
 from hybridpar.parallel import all_reduce as replica_all_reduce
+from hybridpar.parallel import output_records
 
 
 @dataclasses.dataclass
@@ -63,18 +74,30 @@ class Share:
     nominal: float | None
     keep: tf.Tensor | None = None
     _total: tf.Tensor | None = None
+    _examples: tf.Tensor | None = None
 
     def total(self) -> tf.Tensor:
+        """What each replica's loss is divided by: the nominal batch, else ``examples()``."""
         if self._total is None:
-            if self.nominal is not None:
-                self._total = tf.constant(self.nominal)
-            else:
-                (self._total,) = replica_all_reduce.all_reduce_sum([self.local])
+            self._total = tf.constant(self.nominal) if self.nominal is not None else (
+                self.examples())
         return self._total
+
+    def examples(self) -> tf.Tensor:
+        """The step's examples over every replica (one scalar all-reduce, when first asked)."""
+        if self._examples is None:
+            (self._examples,) = replica_all_reduce.all_reduce_sum([self.local])
+        return self._examples
 
 
 _share: contextvars.ContextVar[Share | None] = contextvars.ContextVar(
     "hybridpar_replica_share", default=None
+)
+
+
+# True inside CompileLoss.call, whose only unscaling is of each output's loss record.
+_recording: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "hybridpar_recording_output_losses", default=False
 )
 
 
@@ -158,7 +181,12 @@ def _scaled_by_share(invert: bool) -> Callable[[Any], Any]:
         def scale(value):
             share = _share.get()
             total = share.total()
-            factor = tf.math.divide_no_nan(total, share.local) if invert else share.local / total
+            if invert and _recording.get():
+                factor = _output_record_factor(share, *(output_records.current() or (None, 1)))
+            elif invert:
+                factor = tf.math.divide_no_nan(total, share.local)
+            else:
+                factor = share.local / total
             return value * tf.cast(factor, value.dtype)
 
         return scale
@@ -166,14 +194,37 @@ def _scaled_by_share(invert: bool) -> Callable[[Any], Any]:
     return wrap
 
 
+def _output_record_factor(share: Share, examples: tf.Tensor | None, records: int) -> Any:
+    """What turns a loss scaled by ``local / total`` into its output-loss record:
+    ``replicas * records * examples / step examples`` times the record's mean."""
+    replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+    examples = share.local if examples is None else tf.cast(examples, tf.float32)
+    scaled = float(replicas * records) * examples * share.total()
+    return tf.math.divide_no_nan(scaled, share.examples() * share.local)
+
+
+def _recording_output_losses(original: Callable[..., Any]) -> Callable[..., Any]:
+    def call(self, *args, **kwargs):
+        token = _recording.set(True)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _recording.reset(token)
+
+    return call
+
+
 FIX = register(Fix(
     name="replica_share",
-    corrects="a replica's loss is scaled by 1/replicas, misweighting partial batches",
+    corrects="a replica's loss is scaled by 1/replicas, misweighting partial batches, and "
+             "each output's loss figure averages the replicas' means, not the batch's",
     group="core",
     patches=(
         Patch(keras_loss, "scale_loss_for_distribution", _scaled_by_share(invert=False),
               owns=_in_weighted_replica),
         Patch(keras_loss, "unscale_loss_for_distribution", _scaled_by_share(invert=True),
+              owns=_in_weighted_replica),
+        Patch(compile_utils.CompileLoss, "call", _recording_output_losses,
               owns=_in_weighted_replica),
     ),
 ))

@@ -134,20 +134,6 @@ def split_evenly(dataset: tf.data.Dataset, per_piece: int, first: int,
     return dataset.flat_map(split)
 
 
-def row_weighted(sample_weight: Any, keep: tf.Tensor) -> Any:
-    """``sample_weight`` times ``keep`` along axis 0 (``keep`` itself when there is none)."""
-    if sample_weight is None:
-        return keep
-
-    def weighted(weight: Any) -> Any:
-        if weight is None:
-            return None
-        rows = tf.reshape(keep, tf.concat([[-1], tf.ones([tf.rank(weight) - 1], tf.int32)], 0))
-        return weight * tf.cast(rows, weight.dtype)
-
-    return tf.nest.map_structure(weighted, sample_weight)
-
-
 def kept_rows(structure: Any, keep: tf.Tensor) -> Any:
     """The rows of every tensor of ``structure`` whose ``keep`` is not 0."""
     mask = keep > 0

@@ -35,7 +35,7 @@ from keras.src.losses import loss as keras_loss
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from hybridpar.data import balanced
-from hybridpar.parallel import one_f_one_b
+from hybridpar.parallel import one_f_one_b, output_records
 from hybridpar.parallel.one_f_one_b import StageGates
 from hybridpar.parallel.weight_gradients import DeferredWeightGradients
 
@@ -118,8 +118,8 @@ def train_step(model: keras.Model, data: Any, microbatches: int, sequential: boo
         sequential: run the microbatches one after another (gradient
             accumulation) instead of letting the stages overlap them.
         keep: the replica's keep mask when its batch is a padded piece
-            (``hybridpar.data.balanced``): padding gets sample weight 0 and is
-            left out of the metrics and the loss tracker. A batch of dynamic
+            (``hybridpar.data.balanced``): a microbatch of padding adds nothing
+            to the gradients, the metrics or the loss tracker. A batch of dynamic
             size with fewer examples than microbatches is padded the same way,
             so that no microbatch is empty.
         schedule: ``gpipe``, or ``1f1b`` to order the ``stages`` stages'
@@ -138,15 +138,15 @@ def train_step(model: keras.Model, data: Any, microbatches: int, sequential: boo
     deferred = None if sequential or gates is not None else DeferredWeightGradients()
     accumulated: list[Any] = [None] * len(weights)
     predictions, tapes, previous = [], [], []
-    for index, (xi, yi, wi, ki) in enumerate(
-        split_batch((x, y, sample_weight, keep), microbatches)
-    ):
+    for index, (xi, yi, wi, ki) in enumerate(split_batch((x, y, sample_weight, keep),
+                                                         microbatches)):
         xi = _waits_for(previous, xi) if previous else xi
         with tf.name_scope(microbatch_scope_name(index)) as scope:
             with (tf.GradientTape(persistent=deferred is not None) as tape,
                   one_f_one_b.forward(gates, index)):
                 y_pred = model(xi, training=True) if model._call_has_training_arg else model(xi)
-                loss = _weighted_loss(model, xi, yi, wi, ki, y_pred, total)
+                with output_records.covering(_examples(xi, ki), microbatches):
+                    loss = _weighted_loss(model, xi, yi, wi, ki, y_pred, total)
             with one_f_one_b.backward(gates, index, scope), (
                     contextlib.nullcontext() if deferred is None else deferred.recording(index)):
                 gradients = tape.gradient(loss, weights)
@@ -176,31 +176,45 @@ def _metrics(model: keras.Model, batch: tuple[Any, ...], predictions: list[Any])
 def _padded(data: Any, microbatches: int, keep: tf.Tensor | None) -> tuple[Any, ...]:
     """``(x, y, sample_weight, keep)`` of a batch, padded so no microbatch is empty.
 
-    Padding (and the rows ``keep`` marks as padding) gets sample weight 0.
+    The user's sample weights pass unchanged (any rank: per example, per token,
+    per pixel), so Keras reduces each loss as it would on one device; padding is
+    weighted out by its microbatch's share of the examples (``_weighted_loss``).
+    A padded batch holds fewer rows than microbatches, so each of its
+    microbatches is one row: all input or all padding.
     """
     x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
     first = _first_tensor(x)
     if keep is None and microbatches > 1 and first.shape[0] is None:
         keep = tf.ones([tf.shape(first)[0]])  # a final batch may hold fewer than M examples
-    if keep is not None:
-        if microbatches > 1:
-            (x, y, sample_weight, keep), extra = balanced.padded_to(
-                (x, y, sample_weight, keep), microbatches
-            )
-            keep = keep * extra
-        sample_weight = balanced.row_weighted(sample_weight, keep)
+    if keep is not None and microbatches > 1:
+        (x, y, sample_weight, keep), extra = balanced.padded_to(
+            (x, y, sample_weight, keep), microbatches
+        )
+        keep = keep * extra
     return x, y, sample_weight, keep
+
+
+def _examples(x: Any, keep: Any) -> tf.Tensor:
+    """The examples a microbatch holds: its kept rows, else all of them."""
+    if keep is not None:
+        return tf.reduce_sum(keep)
+    return tf.cast(tf.shape(_first_tensor(x))[0], tf.float32)
 
 
 def _weighted_loss(model: keras.Model, x: Any, y: Any, sample_weight: Any, keep: Any,
                    y_pred: Any, total: tf.Tensor) -> tf.Tensor:
-    """A microbatch's loss weighted by its share of the ``total`` examples, tracked by Keras."""
+    """A microbatch's loss weighted by its share of the ``total`` examples, tracked by Keras.
+
+    The share counts the microbatch's kept examples, so a microbatch of padding
+    weighs 0 whatever the rank of its loss or of the sample weights.
+    """
     loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
                                training=True)
     size = tf.shape(_first_tensor(x))[0]
     value, weight = tracked_loss(loss, size, None if keep is None else tf.reduce_sum(keep))
     model._loss_tracker.update_state(value, sample_weight=weight)
-    loss = loss * tf.cast(tf.math.divide_no_nan(tf.cast(size, tf.float32), total), loss.dtype)
+    counted = _examples(x, keep)
+    loss = loss * tf.cast(tf.math.divide_no_nan(counted, total), loss.dtype)
     if model.optimizer is not None:
         loss = model.optimizer.scale_loss(loss)
     return loss
