@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 RAY_STAMP := $(VENV)/.installed-ray
 PIP_INSTALL := $(BIN)/python -m pip install --quiet -c requirements/constraints.txt
 
-.PHONY: demo test test-fast test-versions lint bench gpu docs clean
+.PHONY: demo test test-zoo-heavy test-fast test-versions lint bench gpu docs clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,10 +30,14 @@ demo: $(STAMP)
 
 # Two pytest-xdist workers: the multi-process tests spend much of their time waiting on
 # their clusters, and the other worker fills that time. The Ray tests share one worker
-# (one Ray cluster; tests/conftest.py).
+# (one Ray cluster; tests/conftest.py). The zoo's longest rows (marker zoo_heavy) run in
+# test-zoo-heavy, which CI runs after it, so that this stays under 35 minutes on 2 cores.
 test: $(RAY_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25 -m "not zoo_heavy"
+
+test-zoo-heavy: $(RAY_STAMP)
+	$(BIN)/python -m pytest -q -n 2 --durations=10 -m zoo_heavy tests/zoo
 
 # Every other supported TensorFlow/Keras pair (hybridpar/compat/versions.py), each in an
 # environment pinned by requirements/versions/<pair>.txt: all the upstream reproductions

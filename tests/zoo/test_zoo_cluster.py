@@ -1,8 +1,10 @@
 """The model zoo on real clusters: 2 workers (multi_worker) and 1 worker with 2 parameter
 servers, every task running zoo_cluster_task.py through ``hybridpar launch``.
 
-Multi-worker: MobileNetV2 and keras_hub's BERT classifier on 33 examples in batches
-of 16 (the final batch of 1 leaves one of the 2 replicas padded), and one epoch of an
+Multi-worker: MobileNetV2, keras_hub's BERT classifier and GPT-2 causal LM (a
+per-token loss with temporal sample weights) on 33 examples in batches of 16 (the
+final batch of 1 leaves one of the 2 replicas padded), each fed by numpy and by
+``tf.data``, and one epoch of an
 MLP under each mixed-precision policy, and a CNN on record files that the workers'
 file shards end unevenly. Parameter servers: a BERT classifier whose 20,000-row token
 embedding is sharded over both ps, and the same mixed-precision MLP.
@@ -62,17 +64,24 @@ def assert_mixed(mixed: dict, record_property, mode: str) -> None:
                                 "update / roundoff": units})
 
 
+# Each model fed both ways: numpy arrays and tf.data with a final batch of 1 (one of the
+# 2 replicas padded). Parameter servers take a dataset (Keras's ClusterCoordinator).
+TWO_WORKER_ROWS = [f"{name}:{feed}" for name in ("MobileNetV2", "BertTextClassifier",
+                                                 "GPT2CausalLM") for feed in ("numpy", "tf.data")]
+
+
 def test_zoo_on_two_workers(tmp_path, record_property):
     files = tmp_path / "files"
     files.mkdir()
     zoo_cluster_task.write_uneven_files(files)
     reports = launch(tmp_path / "out", "--workers", "2",
-                     task_args=("--models", "MobileNetV2,BertTextClassifier", "--mixed",
+                     task_args=("--models", ",".join(TWO_WORKER_ROWS), "--mixed",
                                 "--uneven_files", str(files)))
     assert set(reports) == {"worker-0", "worker-1"}
     assert [r["mode"] for r in reports.values()] == ["multi_worker"] * 2
     assert [r["num_replicas"] for r in reports.values()] == [2, 2]
     first, second = reports["worker-0"], reports["worker-1"]
+    assert list(first["models"]) == TWO_WORKER_ROWS
     for name, row in first["models"].items():
         other = second["models"][name]
         assert row["weights_sum"] == other["weights_sum"], name  # one model on both workers
@@ -91,11 +100,11 @@ def test_zoo_on_two_workers(tmp_path, record_property):
 
 def test_zoo_with_parameter_servers(tmp_path, record_property):
     reports = launch(tmp_path / "out", "--workers", "1", "--ps", "2",
-                     task_args=("--models", "BertWideVocabulary", "--mixed",
+                     task_args=("--models", "BertWideVocabulary:tf.data", "--mixed",
                                 "--partitioner_shards", "2"))
     chief = reports["chief-0"]
     assert chief["mode"] == "parameter_server"
-    row = chief["models"]["BertWideVocabulary"]
+    row = chief["models"]["BertWideVocabulary:tf.data"]
     embedding = [devices for path, devices in row["sharded"].items() if "token_embedding" in path]
     assert embedding == [["/job:ps/replica:0/task:0/device:CPU:0",
                           "/job:ps/replica:0/task:1/device:CPU:0"]], row["sharded"]

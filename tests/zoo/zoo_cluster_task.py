@@ -33,21 +33,26 @@ EXAMPLES = 2 * BATCH + 1  # 2 replicas: a final batch of 1 is split 1 and one pa
 PS_STEPS = 3
 
 
-def fit_kwargs(data: tuple, parameter_server: bool) -> tuple[tuple, dict]:
+def fit_kwargs(data: tuple, parameter_server: bool, feed: str) -> tuple[tuple, dict]:
+    """``fit``'s arguments: numpy arrays, or a ``tf.data`` dataset batched without
+    ``drop_remainder`` (repeated for a fixed number of steps under parameter servers)."""
     x, y, weights = data
-    if not parameter_server:
+    if feed == "numpy":
         return (x, y), {"sample_weight": weights, "batch_size": BATCH, "shuffle": False}
     parts = (x, y) if weights is None else (x, y, weights)
     dataset = tf.data.Dataset.from_tensor_slices(parts).batch(BATCH)
+    if not parameter_server:
+        return (dataset,), {}
     return (dataset.repeat(),), {"steps_per_epoch": PS_STEPS}
 
 
-def reference(zoo: zoo_models.ZooModel, data: tuple, parameter_server: bool) -> keras.Model:
+def reference(zoo: zoo_models.ZooModel, data: tuple, parameter_server: bool,
+              feed: str) -> keras.Model:
     """The same model trained by plain Keras on one device, on the same batches."""
     keras.utils.set_random_seed(11)
     model = zoo.build()
     model.compile(**zoo.compile_kwargs())
-    args, kwargs = fit_kwargs(data, parameter_server)
+    args, kwargs = fit_kwargs(data, parameter_server, feed)
     model.fit(*args, epochs=1, verbose=0, **kwargs)
     return model
 
@@ -59,14 +64,14 @@ def figures(model: keras.Model, data: tuple) -> tuple[dict, object]:
     return {k: float(v) for k, v in found.items()}, model.predict(x, batch_size=BATCH, verbose=0)
 
 
-def row(zoo: zoo_models.ZooModel, hs: hybridpar.HybridStrategy) -> dict:
+def row(zoo: zoo_models.ZooModel, hs: hybridpar.HybridStrategy, feed: str) -> dict:
     parameter_server = hs.mode == "parameter_server"
     data = zoo.data(EXAMPLES)
     keras.utils.set_random_seed(11)
     with hs.scope():
         model = zoo.build()
         model.compile(**zoo.compile_kwargs())
-    args, kwargs = fit_kwargs(data, parameter_server)
+    args, kwargs = fit_kwargs(data, parameter_server, feed)
     history = model.fit(*args, epochs=1, verbose=0, **kwargs)
     result = {"loss": [float(v) for v in history.history["loss"]],
               "weights_sum": float(sum(np.sum(np.abs(w), dtype=np.float64)
@@ -75,7 +80,7 @@ def row(zoo: zoo_models.ZooModel, hs: hybridpar.HybridStrategy) -> dict:
         result["sharded"] = {
             v.path: sorted({shard.device for shard in v.value.variables})
             for v in model.variables if hasattr(v.value, "variables")}
-    single = reference(zoo, data, parameter_server)
+    single = reference(zoo, data, parameter_server, feed)
     twin = model_checks.single_device_twin(zoo.build, model, zoo.compile_kwargs())
     if zoo.batch_norm:
         result["batch_norm_finite"] = model_checks.batch_norm_statistics_finite(model)
@@ -114,9 +119,11 @@ def mixed_precision(hs: hybridpar.HybridStrategy) -> dict:
                 model = zoo.build()
                 model.compile(**zoo.compile_kwargs())
                 start = model.get_weights()
-            args, kwargs = fit_kwargs(data, hs.mode == "parameter_server")
+            parameter_server = hs.mode == "parameter_server"
+            feed = "tf.data" if parameter_server else "numpy"
+            args, kwargs = fit_kwargs(data, parameter_server, feed)
             model.fit(*args, epochs=1, verbose=0, **kwargs)
-            single = reference(zoo, data, hs.mode == "parameter_server")
+            single = reference(zoo, data, parameter_server, feed)
         finally:
             keras.mixed_precision.set_global_policy("float32")
         found[policy] = model_checks.update_error(start, single.get_weights(),
@@ -163,7 +170,7 @@ def uneven_files(hs: hybridpar.HybridStrategy, paths: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--models", default="")
+    parser.add_argument("--models", default="", help="name:feed,... (feed numpy or tf.data)")
     parser.add_argument("--mixed", action="store_true")
     parser.add_argument("--partitioner_shards", type=int, default=0)
     parser.add_argument("--uneven_files", default="", help="a directory for record files")
@@ -175,8 +182,9 @@ def main() -> None:
     with hybridpar.scope(config) as hs:  # workers and ps serve here until the chief is done
         pass
     report = {"mode": hs.mode, "num_replicas": hs.num_replicas, "models": {}}
-    for name in filter(None, flags.models.split(",")):
-        report["models"][name] = row(zoo_models.ALL_MODELS[name], hs)
+    for case in filter(None, flags.models.split(",")):
+        name, feed = case.split(":")
+        report["models"][case] = row(zoo_models.ALL_MODELS[name], hs, feed)
     if flags.mixed:
         report["mixed"] = mixed_precision(hs)
     if flags.uneven_files:

@@ -2,9 +2,12 @@
 
 ``keras.applications`` CNNs with ``weights=None`` at 32x32 inputs, keras_hub
 models built from config without weights (dropout 0, so that distributed and
-single-device training see the same computation), a multi-input multi-output
-functional model with sample weights, and a subclassed model with its own
-``train_step``. Each ``ZooModel`` builds its model, its data and its compile
+single-device training see the same computation): a classifier, causal LMs
+(GPT-2, Llama) and a seq2seq LM with per-token losses and temporal sample weights
+(the padding mask), a token classifier, and a classifier-and-tagger mixing a
+per-example and a per-token loss; a U-Net with a per-pixel loss, a multi-input
+multi-output functional model with sample weights, and a subclassed model with its
+own ``train_step``. Each ``ZooModel`` builds its model, its data and its compile
 arguments; the data has a final batch smaller than the 4 replicas.
 """
 
@@ -113,6 +116,94 @@ def _causal_lm_data(examples: int) -> tuple[Any, Any, Any]:
     return x, ids[:, 1:], mask[:, 1:].astype("float32")
 
 
+def _llama() -> keras.Model:
+    import keras_hub
+
+    backbone = keras_hub.models.LlamaBackbone(
+        vocabulary_size=VOCABULARY, num_layers=2, num_query_heads=2, num_key_value_heads=1,
+        hidden_dim=16, intermediate_dim=32, dropout=0.0,
+    )
+    return keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
+
+
+TAGS = 5
+
+
+def _bert_backbone() -> keras.Model:
+    import keras_hub
+
+    return keras_hub.models.BertBackbone(
+        vocabulary_size=VOCABULARY, num_layers=1, num_heads=2, hidden_dim=16,
+        intermediate_dim=32, max_sequence_length=SEQUENCE, dropout=0.0,
+    )
+
+
+def _bert_inputs() -> dict[str, keras.KerasTensor]:
+    return {"token_ids": keras.Input((SEQUENCE,), dtype="int32", name="token_ids"),
+            "segment_ids": keras.Input((SEQUENCE,), dtype="int32", name="segment_ids"),
+            "padding_mask": keras.Input((SEQUENCE,), dtype="int32", name="padding_mask")}
+
+
+def _token_classifier() -> keras.Model:
+    """A tag per token on keras_hub's BERT (as its token-classification guides build one)."""
+    inputs = _bert_inputs()
+    sequence = _bert_backbone()(inputs)["sequence_output"]
+    return keras.Model(inputs, keras.layers.Dense(TAGS, name="tags")(sequence))
+
+
+def _token_classifier_data(examples: int) -> tuple[Any, Any, Any]:
+    x, _, _ = _bert_data(examples)
+    tags = np.random.default_rng(8).integers(0, TAGS, (examples, SEQUENCE))
+    return x, tags, x["padding_mask"].astype("float32")  # padding tokens weigh 0
+
+
+def _classifier_and_tagger() -> keras.Model:
+    """One BERT, a per-example head (the pooled output) and a per-token one."""
+    inputs = _bert_inputs()
+    outputs = _bert_backbone()(inputs)
+    return keras.Model(inputs, {
+        "label": keras.layers.Dense(3, name="label")(outputs["pooled_output"]),
+        "tags": keras.layers.Dense(TAGS, name="tags")(outputs["sequence_output"])})
+
+
+def _classifier_and_tagger_data(examples: int) -> tuple[Any, Any, Any]:
+    x, labels, _ = _bert_data(examples)
+    _, tags, mask = _token_classifier_data(examples)
+    weights = np.random.default_rng(9).uniform(0.5, 2.0, examples).astype("float32")
+    return x, {"label": labels, "tags": tags}, {"label": weights, "tags": mask}
+
+
+def _classifier_and_tagger_compile() -> dict[str, Any]:
+    logits = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return {"optimizer": _sgd(0.1), "loss": {"label": logits, "tags": logits},
+            "loss_weights": {"label": 1.0, "tags": 0.5},
+            "weighted_metrics": {"tags": [keras.metrics.SparseCategoricalAccuracy()]}}
+
+
+def _unet() -> keras.Model:
+    """A two-level U-Net (no batch norm) with a class per pixel."""
+    images = keras.Input((16, 16, 3))
+    down = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(images)
+    deeper = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(
+        keras.layers.MaxPooling2D()(down))
+    up = keras.layers.Conv2DTranspose(8, 2, strides=2, padding="same")(deeper)
+    joined = keras.layers.Concatenate()([down, up])
+    decoded = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(joined)
+    return keras.Model(images, keras.layers.Conv2D(3, 1)(decoded), name="unet")
+
+
+def _segmentation_data(examples: int) -> tuple[Any, Any, Any]:
+    rng = np.random.default_rng(10)
+    images = rng.uniform(0, 1, (examples, 16, 16, 3)).astype("float32")
+    return images, rng.integers(0, 3, (examples, 16, 16)), None
+
+
+def _segmentation_compile() -> dict[str, Any]:
+    return {"optimizer": _sgd(0.05),
+            "loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            "metrics": ["accuracy"]}
+
+
 def _bart() -> keras.Model:
     import keras_hub
 
@@ -132,6 +223,7 @@ def _seq2seq_data(examples: int) -> tuple[Any, Any, Any]:
 
 
 def _lm_compile() -> dict[str, Any]:
+    """Per-token losses, weighted by the padding mask (temporal sample weights)."""
     return {"optimizer": _sgd(0.1),
             "loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             "weighted_metrics": [keras.metrics.SparseCategoricalAccuracy()]}
@@ -219,7 +311,12 @@ MODELS = {
                  _images, _classifier_compile, batch_norm=True),
         ZooModel("BertTextClassifier", _bert, _bert_data, _BERT_COMPILE),
         ZooModel("GPT2CausalLM", _gpt2, _causal_lm_data, _lm_compile),
+        ZooModel("LlamaCausalLM", _llama, _causal_lm_data, _lm_compile),
         ZooModel("BartSeq2SeqLM", _bart, _seq2seq_data, _lm_compile),
+        ZooModel("BertTokenClassifier", _token_classifier, _token_classifier_data, _lm_compile),
+        ZooModel("BertClassifierAndTagger", _classifier_and_tagger, _classifier_and_tagger_data,
+                 _classifier_and_tagger_compile),
+        ZooModel("UNetSegmenter", _unet, _segmentation_data, _segmentation_compile),
         ZooModel("TwoTowersFunctional", _two_towers, _two_towers_data, _two_towers_compile),
         ZooModel("SubclassedTrainStep", ContrastiveStep, _subclassed_data, _subclassed_compile),
     )
