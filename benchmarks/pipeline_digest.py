@@ -1,5 +1,5 @@
 """The time of ``hybridpar.data.pipeline_digest.digest``, which each resumable ``fit`` takes
-once: on in-memory data and on a file pipeline.
+once: on in-memory data, large and small, and on a file pipeline.
 
 - in memory: ``from_tensor_slices`` of ``--gigabytes`` of float32 features (and labels),
   shuffled, mapped, batched, prefetched, as ``fit(dataset)`` of a NumPy array reads;
@@ -7,12 +7,15 @@ once: on in-memory data and on a file pipeline.
   interleaved, parsed with ``tf.io.parse_single_example``, shuffled, batched.
 
 Each pipeline is built once and digested ``--repeats`` times (a digest caches nothing);
-the median is reported, with the peak resident memory before and after the in-memory
-digests (after building the pipeline, which copies the arrays into tensors).
+the median is reported, with the peak resident memory before and after the large
+in-memory digests (after building the pipeline, which copies the arrays into tensors).
+``digest_size_ratio`` is the large in-memory pipeline's median over that of the same
+pipeline on ``SMALL_GIGABYTES`` (target <= 1.5: the digest does not read the data).
 
     python benchmarks/pipeline_digest.py [--gigabytes 2.2] [--files 64] [--repeats 5]
 
-The last lines are ``digest_seconds_files=`` and ``digest_seconds_in_memory=``.
+The last lines are ``digest_seconds_files=``, ``digest_seconds_in_memory=`` and
+``digest_size_ratio=``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 FEATURES = 256  # float32 columns of the in-memory data
+SMALL_GIGABYTES = 0.3  # the small in-memory pipeline: its labels (1.2 MB) are sampled too
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -50,6 +54,13 @@ def in_memory(features: Any, labels: Any) -> Any:
     data = tf.data.Dataset.from_tensor_slices((features, labels))
     return (data.shuffle(1024, seed=1).map(lambda x, y: (x * 2.0 - 1.0, y))
             .batch(64).prefetch(2))
+
+
+def in_memory_of(gigabytes: float) -> Any:
+    import numpy as np
+
+    rows = rows_for(gigabytes)
+    return in_memory(np.ones((rows, FEATURES), "float32"), np.zeros((rows,), "float32"))
 
 
 def write_files(directory: str, count: int) -> str:
@@ -93,21 +104,20 @@ def resident_mb() -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    import numpy as np
-
     args = parse_args(argv)
     with tempfile.TemporaryDirectory() as directory:
         pattern = write_files(directory, args.files)
         files = median_seconds(from_files(pattern), args.repeats)
-    rows = rows_for(args.gigabytes)
-    features = np.ones((rows, FEATURES), "float32")
-    dataset = in_memory(features, np.zeros((rows,), "float32"))
+    small = median_seconds(in_memory_of(SMALL_GIGABYTES), args.repeats)
+    dataset = in_memory_of(args.gigabytes)
     before = resident_mb()
     memory = median_seconds(dataset, args.repeats)
-    print(f"in-memory data: {features.nbytes / 1e9:.2f} GB; peak resident memory "
-          f"{before:.0f} MB before the digests, {resident_mb():.0f} MB after")
+    print(f"in-memory data: {args.gigabytes:.2f} GB against {SMALL_GIGABYTES} GB; peak "
+          f"resident memory {before:.0f} MB before the large digests, {resident_mb():.0f} "
+          "MB after")
     print(f"digest_seconds_files={files:.4f}")
     print(f"digest_seconds_in_memory={memory:.4f}")
+    print(f"digest_size_ratio={memory / small:.3f}")
 
 
 if __name__ == "__main__":
