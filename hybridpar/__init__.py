@@ -19,6 +19,7 @@ from hybridpar.errors import (
     CheckpointMismatchError,
     CheckpointWriteError,
     ConfigError,
+    InputPositionError,
     ParameterServerUnavailableError,
     RuntimeMismatchError,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "CheckpointWriteError",
     "ConfigError",
     "HybridStrategy",
+    "InputPositionError",
     "ParameterServerUnavailableError",
     "RuntimeMismatchError",
     "StrategyConfig",

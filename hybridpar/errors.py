@@ -29,5 +29,10 @@ class CheckpointMismatchError(ConfigError):
     """A checkpoint was written by a different model or optimizer than it is restored into."""
 
 
+class InputPositionError(CheckpointMismatchError):
+    """A checkpoint's saved input position lies past the end of the input it is restored
+    into: resuming would train on nothing."""
+
+
 class ParameterServerUnavailableError(RuntimeError):
     """A parameter server stopped answering; training cannot go on without it."""

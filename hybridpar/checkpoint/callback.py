@@ -267,7 +267,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self._pending_metrics = values if pending else None
         self.restored = found
         trainer = self.state.trainer if self.state is not None else None
-        restore_input = input_state.restorer(saved_input, found.manifest, self._worker())
+        restore_input = input_state.restorer(saved_input, found.manifest, self._worker(),
+                                             self.params.get("steps"))
         resume = self.policy.resume(self.model, found.manifest, self.params.get("steps"),
                                     restore_input, getattr(trainer, "start_next_epoch_at", None))
         self.model._initial_epoch = resume.epoch

@@ -6,13 +6,19 @@ Each save records that iterator's state (the pipeline's position and its
 buffers) as the string tensor ``input/<worker>`` on the worker's host, beside
 the variables (a non-chief worker writes it in its own bundle, ``zero_shards``),
 and the manifest's ``data.input_state`` says for which input (its
-``fingerprint``: workers, replicas, sharding, pieces). A resume restores it into
-the first iterator of the resumed epoch, so no batch is replayed, whatever the
-step. A pipeline with stateful ops other than Python ones (a random op in a
+``fingerprint``: workers, replicas, sharding, pieces; and its ``digest``, the
+pipeline's structure, ``hybridpar.data.pipeline_digest``). A resume restores it
+into the first iterator of the resumed epoch, so no batch is replayed, whatever
+the step. A pipeline changed since the checkpoint (another digest) is replayed
+instead, with a warning; a record without a digest (written before it was) is
+restored as before. A restored iterator with nothing after the saved position,
+where the epoch goes on (``steps``), raises ``InputPositionError`` rather than
+train nothing. A pipeline with stateful ops other than Python ones (a random op in a
 ``map``, Keras's shuffle of in-memory arrays) is saved without those ops' own
 state, and the log says so once. Where the state cannot serve (a pipeline with
 a Python generator or function; a checkpoint of another topology or input; one
-written without it), the batches already trained are drawn again
+written without it; a state that does not fit the pipeline, after which the
+iterator is put back at its start), the batches already trained are drawn again
 (``skipping``) and the log says why, once. A saved state that fails its CRC32C
 makes the checkpoint damaged (``read``), like any other tensor of it.
 """
@@ -28,7 +34,7 @@ import tensorflow as tf
 
 from hybridpar.checkpoint import tensor_io
 from hybridpar.data import resumable
-from hybridpar.errors import CheckpointDamagedError
+from hybridpar.errors import CheckpointDamagedError, InputPositionError
 
 logger = logging.getLogger("hybridpar")
 
@@ -92,7 +98,8 @@ class InputSaver:
             logger.info("hybridpar: each checkpoint saves the training input's position with "
                         "its buffers: %s bytes on this worker.", f"{len(state.numpy()):,}")
         return ([tensor_io.Piece(key(worker), "", state)],
-                {"fingerprint": iterator.dataset.fingerprint})
+                {"fingerprint": iterator.dataset.fingerprint,
+                 "digest": iterator.dataset.digest})
 
 
 def read(reader: Any, path: Any, manifest: dict[str, Any], worker: int) -> Any:
@@ -116,35 +123,40 @@ def read(reader: Any, path: Any, manifest: dict[str, Any], worker: int) -> Any:
                                      f"({_first_line(err)})") from None
 
 
-def restorer(saved: Any, manifest: dict[str, Any], worker: int) -> Callable[[Any], bool]:
+def restorer(saved: Any, manifest: dict[str, Any], worker: int,
+             steps: int | None = None) -> Callable[[Any], bool]:
     """What puts the resumed epoch's first iterator where the checkpoint left it.
 
     Args:
         saved: this worker's saved state (``read``), or ``None``.
         manifest: the checkpoint's manifest.
         worker: this worker's index.
+        steps: the steps of this fit's epochs, if known (Keras's ``steps``: the input's
+            cardinality or ``steps_per_epoch``).
 
     Returns:
         A function that restores the saved state into a resumable iterator of the
         same input and returns ``True``; otherwise it says why once and returns
         ``False`` (the batches are then drawn again).
+
+    Raises (from the function):
+        InputPositionError: the restored iterator has nothing after the saved
+            position, where the epoch goes on.
     """
     record = manifest["data"].get(RECORD)
 
     def restore(iterator: Any) -> bool:
-        if not isinstance(iterator, resumable.ResumableIterator):
-            why = ("this fit's input is read by TensorFlow's distributed iterator, which "
-                   "cannot be restored (checkpoint.save_iterator is false, or the input is "
-                   "not a tf.data dataset of batches)")
-        elif record is None:
-            why = "the checkpoint holds no state of the input's iterator"
-        elif record["fingerprint"] != iterator.dataset.fingerprint:
-            why = (f"its input's state was saved for {record['fingerprint']}, and this fit "
-                   f"reads {iterator.dataset.fingerprint}")
-        elif saved is None:
-            why = f"the checkpoint holds no state of worker {worker}'s iterator"
-        else:
-            why = _restored(saved, iterator)
+        why = _not_restorable(iterator, record, saved, worker)
+        if why is None:
+            if _changed(record, iterator):
+                logger.warning(
+                    "hybridpar: the training input's pipeline changed since the checkpoint "
+                    "was written (its structural digest was %s, this fit's is %s): its saved "
+                    "position is not restored, and the resumed epoch is replayed from its "
+                    "start, drawing the batches already trained again without training on "
+                    "them.", record["digest"][:12], iterator.dataset.digest[:12])
+                return False
+            why = _restored(saved, iterator, _goes_on(manifest, iterator, steps))
             if why is None:
                 logger.info("hybridpar: restored the training input's position from the "
                             "checkpoint; no batch is drawn again.")
@@ -155,10 +167,64 @@ def restorer(saved: Any, manifest: dict[str, Any], worker: int) -> Callable[[Any
     return restore
 
 
-def _restored(saved: Any, iterator: Any) -> str | None:
-    """Restores ``saved`` into ``iterator``; ``None``, or why not."""
+def _not_restorable(iterator: Any, record: dict[str, Any] | None, saved: Any,
+                    worker: int) -> str | None:
+    """Why the saved state cannot serve ``iterator``, or ``None``."""
+    if not isinstance(iterator, resumable.ResumableIterator):
+        return ("this fit's input is read by TensorFlow's distributed iterator, which "
+                "cannot be restored (checkpoint.save_iterator is false, or the input is "
+                "not a tf.data dataset of batches)")
+    if record is None:
+        return "the checkpoint holds no state of the input's iterator"
+    if record["fingerprint"] != iterator.dataset.fingerprint:
+        return (f"its input's state was saved for {record['fingerprint']}, and this fit "
+                f"reads {iterator.dataset.fingerprint}")
+    if saved is None:
+        return f"the checkpoint holds no state of worker {worker}'s iterator"
+    return None
+
+
+def _changed(record: dict[str, Any], iterator: Any) -> bool:
+    """Whether the pipeline's digest differs from the saved one (unknown: not changed)."""
+    saved = record.get("digest")
+    return saved is not None and saved != iterator.dataset.digest
+
+
+def _goes_on(manifest: dict[str, Any], iterator: Any, steps: int | None) -> str | None:
+    """Where the resumed epoch is known to go on past the saved position, that position in
+    words; else ``None`` (the epoch's length is unknown, or this worker reads its own
+    files, whose end may come before the others')."""
+    data = manifest["data"]
+    batch = int(data["batch"])
+    if steps is None or batch >= steps or not iterator.layout.whole:
+        return None
+    return (f"batch {batch} of epoch {int(data['epoch']) + 1} (optimizer step "
+            f"{manifest['step']}), of an epoch of {steps} steps")
+
+
+def _restored(saved: Any, iterator: Any, goes_on: str | None) -> str | None:
+    """Restores ``saved`` into ``iterator``; ``None``, or why not (the iterator is then put
+    back at its start: a failed restore leaves it ended).
+
+    Raises:
+        InputPositionError: where the epoch goes on (``goes_on``) and nothing follows.
+    """
+    start = iterator.state(external_state=True)
     try:
-        iterator.restore(saved)
+        if goes_on is None:
+            iterator.restore(saved)
+        follows = goes_on is None or iterator.has_piece_after(saved)
     except tf.errors.OpError as err:
+        iterator.restore(start)
         return f"the saved state does not fit this input's pipeline ({_first_line(err)})"
+    if not follows:
+        raise InputPositionError(
+            "hybridpar: the training input yields fewer batches than the checkpoint's "
+            f"position: the checkpoint saved it at {goes_on}, and the restored iterator "
+            "has no batch after it (an input changed in a way its structural digest does "
+            "not see, such as a file's contents, or a checkpoint written before the digest "
+            "was saved), so the resumed epoch would train nothing. Resume with the input "
+            "the checkpoint was written with, or set checkpoint.save_iterator: false to "
+            "draw the trained batches again from this input, or start afresh in an empty "
+            "checkpoint.dir.")
     return None

@@ -22,6 +22,8 @@ the data it holds. What it reads:
   the ops that produce its variant tensor, like a traced function.
 
 Legacy ``Defun`` functions have no graph and are not looked into.
+``hybridpar.data.pipeline_digest`` hashes a pipeline from what ``arguments``,
+``function_graph``, ``called_graph``, ``variant_op`` and ``ancestors`` give.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.data.ops import dataset_ops
+from tensorflow.python.data.ops import dataset_ops, structured_function
 
 
 class Stage:
@@ -101,6 +103,33 @@ def output_stage(dataset: tf.data.Dataset) -> Stage:
     return _EagerStage(dataset)
 
 
+def variant_op(dataset: tf.data.Dataset) -> tf.Operation | None:
+    """The op making a dataset built in graph mode; ``None`` for an eager dataset."""
+    variant = dataset._variant_tensor
+    return variant.op if tf.is_symbolic_tensor(variant) else None
+
+
+# What an eager dataset object holds for its own process rather than for its pipeline: its
+# variant tensor (a handle), the graph it was made in and its options (threading, autotune).
+_PROCESS_ATTRIBUTES = ("_variant_tensor_attr", "_graph_attr", "_options_attr")
+
+
+def arguments(dataset: tf.data.Dataset) -> list[tuple[str, Any]]:
+    """An eager dataset's arguments as it holds them, by attribute name, in the order it
+    set them: the datasets it reads, its tensors (counts, sizes, seeds, data), flags, its
+    functions (``StructuredFunctionWrapper``s) and element structure."""
+    return [(name, value) for name, value in vars(dataset).items()
+            if name not in _PROCESS_ATTRIBUTES]
+
+
+def function_graph(value: Any) -> Any:
+    """The traced graph of a dataset's function (a map's, a filter's, ...), or ``None`` when
+    ``value`` is no dataset function or a legacy ``Defun``."""
+    if not isinstance(value, structured_function.StructuredFunctionWrapper):
+        return None
+    return _graph_of(value.function)
+
+
 def underlying_dataset(value: Any) -> tf.data.Dataset | None:
     """``value`` itself if a dataset; a ``tf.distribute`` distributed dataset's
     (first) dataset; else None.
@@ -144,7 +173,7 @@ def contents(dataset: tf.data.Dataset) -> Contents:
     graphs: list[Any] = []
     variant = dataset._variant_tensor
     if tf.is_symbolic_tensor(variant):
-        graphs.extend(_add_ops(_ancestors(variant.op), kinds, strings))
+        graphs.extend(_add_ops(ancestors(variant.op), kinds, strings))
     else:
         for node in _eager_datasets(dataset):
             kinds.add(type(node).__name__.lstrip("_"))
@@ -235,17 +264,18 @@ def _returned_by(graph: Any) -> Stage | None:
 
 
 def _called_graphs(op: tf.Operation) -> list[Any]:
-    """The graphs of the functions an op calls, looked up in its graph's library
-    (or an outer graph's, for a function graph)."""
-    graphs = []
-    for name in _called_names(op):
-        graph = op.graph
-        while graph is not None and not graph._is_function(name):
-            graph = getattr(graph, "outer_graph", None)
-        called = _graph_of(graph._get_function(name)) if graph is not None else None
-        if called is not None:
-            graphs.append(called)
-    return graphs
+    """The graphs of the functions an op calls."""
+    graphs = [called_graph(op, name) for name in _called_names(op)]
+    return [graph for graph in graphs if graph is not None]
+
+
+def called_graph(op: tf.Operation, name: str) -> Any:
+    """The graph of function ``name`` as ``op`` calls it, looked up in its graph's library
+    (or an outer graph's, for a function graph); ``None`` if no such function has one."""
+    graph = op.graph
+    while graph is not None and not graph._is_function(name):
+        graph = getattr(graph, "outer_graph", None)
+    return _graph_of(graph._get_function(name)) if graph is not None else None
 
 
 def _called_names(op: tf.Operation) -> list[str]:
@@ -270,7 +300,7 @@ def _called_names(op: tf.Operation) -> list[str]:
     return names
 
 
-def _ancestors(op: tf.Operation) -> Iterator[tf.Operation]:
+def ancestors(op: tf.Operation) -> Iterator[tf.Operation]:
     """``op`` and every op it depends on in its graph, each once."""
     stack, seen = [op], set()
     while stack:

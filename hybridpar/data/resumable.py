@@ -29,11 +29,14 @@ The cost: no prefetch to the replicas' devices beyond the pipeline's own
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.distribute import input_lib
 from tensorflow.python.ops import gen_dataset_ops
+
+from hybridpar.data import pipeline_digest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +49,13 @@ class InputLayout:
             them still has data, as TensorFlow's distributed iterator does (with
             the same collective); a worker whose input ended (each worker reads
             its own files) then gives its replicas empty pieces.
+        whole: every global batch reaches this worker's iterator (one worker, or
+            every worker reading every batch), so the epoch's length is its length.
     """
 
     local: int
     agree: bool = False
+    whole: bool = True
 
 
 class StepInput:
@@ -137,14 +143,24 @@ class ResumableDataset:
         layout: how the pieces feed the replicas.
         fingerprint: what a saved state is valid for (workers, replicas, sharding
             and pieces); a checkpoint written for another is replayed instead.
+        source: the dataset ``fit`` received, whose pipeline a saved state is valid
+            for too (``digest``).
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, pieces: tf.data.Dataset,
-                 layout: InputLayout, fingerprint: str) -> None:
+                 layout: InputLayout, fingerprint: str,
+                 source: tf.data.Dataset | None = None) -> None:
         self.strategy = strategy
         self.pieces = pieces
         self.layout = layout
         self.fingerprint = fingerprint
+        self.source = pieces if source is None else source
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """The source pipeline's structural digest (``pipeline_digest``), taken once, at the
+        first save or restore."""
+        return pipeline_digest.digest(self.source)
 
     @property
     def element_spec(self) -> Any:
@@ -214,6 +230,19 @@ class ResumableIterator:
         with tf.device(self.dataset.host_device()):
             variant = tf.io.parse_tensor(tf.convert_to_tensor(state, tf.string), tf.variant)
             gen_dataset_ops.deserialize_iterator(self.host._iterator_resource, variant)
+
+    def has_piece_after(self, state: Any) -> bool:
+        """Restores ``state`` (as ``restore``) and says whether a piece follows it: one is
+        drawn to see, and ``state`` restored again.
+
+        Raises:
+            tf.errors.OpError: when ``state`` is not the state of this pipeline.
+        """
+        self.restore(state)
+        with tf.device(self.dataset.host_device()):
+            present = bool(self.host.get_next_as_optional().has_value())
+        self.restore(state)
+        return present
 
     def skip(self, steps: int) -> None:
         """Draws the pieces of ``steps`` steps without training on them (or up to the end)."""

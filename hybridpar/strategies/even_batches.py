@@ -124,10 +124,13 @@ def distribute_resumably(
     # As TensorFlow's distributed iterator does over workers (whose collectives the steps of
     # workers reading another way then match): agree on the end unless the input is endless.
     endless = int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY
-    layout = resumable.InputLayout(local, agree=workers > 1 and not endless)
+    layout = resumable.InputLayout(local, agree=workers > 1 and not endless,
+                                   whole=workers == 1 or policy != "file")
+    # The fingerprint names how the pieces are cut; the dataset's structural digest
+    # (``ResumableDataset.digest``) names the pipeline they are cut from.
     fingerprint = (f"{workers} worker(s) x {local} replica(s), {policy} sharding, pieces "
                    f"{pieces.element_spec}")
-    return resumable.ResumableDataset(strategy, pieces, layout, fingerprint)
+    return resumable.ResumableDataset(strategy, pieces, layout, fingerprint, source=dataset)
 
 
 def distribute_evenly(
