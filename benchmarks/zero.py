@@ -4,9 +4,13 @@ The model is an MLP 256-1024-1024-10 (1.3 M weights, 5.3 MB of float32) trained
 with Adam under ``hybridpar.scope`` and the unmodified ``model.fit``, on
 synthetic data (global batch 64), sharded and unsharded:
 
-- ``optimizer_memory_ratio=``: optimizer bytes held per device (slots and
-  scalars, read from the variables' devices and sizes), sharded over
-  unsharded, the largest over the 4 mirrored replicas (target <= 1/4 + 0.05);
+- ``optimizer_memory_ratio=``: the bytes every variable that building,
+  compiling and one step of ``fit`` created holds per device, less the model's
+  weights (``hybridpar.parallel.held_bytes.created``: the slots, the scalars and
+  anything else sharding adds, such as a copy of the weights' shards, which it
+  no longer makes), sharded over unsharded, the largest over the 4 mirrored
+  replicas (target <= 0.27); ``sgd_momentum_memory_ratio=`` the same for SGD
+  with momentum (one slot per weight, target <= 0.30);
 - ``step_time_ratio=``: median step time sharded over unsharded on 4 logical
   CPUs, in interleaved pairs (the order alternates), median over pairs
   (target <= 1.10);
@@ -100,25 +104,43 @@ def _data(tf: Any, steps: int) -> Any:
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat().take(steps)
 
 
-def _model(hybridpar: Any, keras: Any, config: dict) -> tuple[Any, Any]:
+def _model(hybridpar: Any, keras: Any, config: dict, optimizer: str = "adam"
+           ) -> tuple[Any, Any]:
     keras.utils.set_random_seed(1)
     with hybridpar.scope(config) as hs:
         model = keras.Sequential(
             [keras.Input((SIZES[0],))]
             + [keras.layers.Dense(units, activation="relu") for units in SIZES[1:-1]]
             + [keras.layers.Dense(SIZES[-1])])
-        model.compile(keras.optimizers.Adam(1e-3),
+        model.compile(keras.optimizers.Adam(1e-3) if optimizer == "adam" else
+                      keras.optimizers.SGD(1e-3, momentum=0.9),
                       keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model, hs
 
 
+def created_bytes(hybridpar: Any, keras: Any, tf: Any, configs: dict[str, dict],
+                  optimizer: str) -> dict[str, dict[str, int]]:
+    """Per variant, the bytes by device of every variable that building, compiling and one
+    step of ``fit`` created, less the model's weights."""
+    from hybridpar.parallel import held_bytes
+
+    result, alive = {}, []
+    for variant, config in configs.items():
+        before = held_bytes.snapshot()
+        model, _ = _model(hybridpar, keras, config, optimizer)
+        model.fit(_data(tf, 1), epochs=1, verbose=0)
+        result[variant] = held_bytes.created(before, less=model.weights)
+        alive.append(model)  # the next variant's snapshot must include this one's
+    return result
+
+
 def optimizer_bytes(model: Any, hs: Any) -> dict[str, int]:
-    from hybridpar.parallel import zero
+    from hybridpar.parallel import held_bytes
 
     variables = list(model.optimizer.variables)
     if hs.state.zero is not None:
         variables += list(hs.state.zero.state_for(model.optimizer).replica_variables())
-    return zero.variable_bytes_by_device(variables)
+    return held_bytes.variable_bytes_by_device(variables)
 
 
 def _timed_fit(keras: Any, model: Any, data: Any) -> float:
@@ -160,18 +182,19 @@ def run_mirrored(args: argparse.Namespace) -> dict[str, Any]:
         zero_plan.BUCKET_ELEMENTS = args.bucket_elements
 
     devices = [f"/cpu:{i}" for i in range(REPLICAS)]
-    built = {v: _model(hybridpar, keras, {
-        "data_parallel": {"mode": "mirrored", "devices": devices,
-                          "shard_optimizer_state": v == "sharded"},
-        "data": {"global_batch_size": BATCH}}) for v in VARIANTS}
+    configs = {v: {"data_parallel": {"mode": "mirrored", "devices": devices,
+                                     "shard_optimizer_state": v == "sharded"},
+                   "data": {"global_batch_size": BATCH}} for v in VARIANTS}
+    memory = created_bytes(hybridpar, keras, tf, configs, "adam")
+    momentum = created_bytes(hybridpar, keras, tf, configs, "sgd_momentum")
+    built = {v: _model(hybridpar, keras, configs[v]) for v in VARIANTS}
     for model, _ in built.values():
         model.fit(_data(tf, 3), epochs=1, verbose=0)  # trace and build before timing
-    memory = {v: optimizer_bytes(*built[v]) for v in VARIANTS}
     pairs, peaks = [], []
     for order in pair_orders(args.pairs):
         pairs.append({v: _timed_fit(keras, built[v][0], _data(tf, args.steps)) for v in order})
         peaks.append({v: _step_peak(tf, built[v][0]) for v in order})
-    return {"memory": memory, "pairs": pairs, "peaks": peaks,
+    return {"memory": memory, "momentum_memory": momentum, "pairs": pairs, "peaks": peaks,
             "weights": sum(int(v.shape.num_elements()) for v in built["sharded"][0].weights)}
 
 
@@ -221,6 +244,8 @@ def run_cluster(variant: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    # Peak bytes (get_memory_info) are kept only by TensorFlow's BFC CPU allocator.
+    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     if args.child:
         print(json.dumps(run_worker(args)), flush=True)
         return
@@ -252,6 +277,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                                         f"{peak[v] / 1e6:.2f} MB" for v in pair))
     print(f"optimizer_memory_ratio="
           f"{memory_ratio(result['memory']['sharded'], result['memory']['unsharded']):.4f}")
+    momentum = result["momentum_memory"]
+    print(f"sgd_momentum_memory_ratio="
+          f"{memory_ratio(momentum['sharded'], momentum['unsharded']):.4f}")
     print(f"step_time_ratio={pair_ratio(result['pairs']):.4f}")
     print(f"step_peak_ratio={pair_ratio(result['peaks']):.4f}")
     if wire:

@@ -2,10 +2,11 @@
 
 With ``data_parallel.shard_optimizer_state: true`` an optimizer trained
 under such a strategy creates no slots of its own. Each local replica gets
-instead, on its own device, one flat shard variable per bucket
-(``zero_plan``) and a replica optimizer: a copy of the user's optimizer
-(``from_config``) built on those shard variables, so its slots exist for the
-replica's shard only. A train step, in each replica:
+instead, on its own device, one flat ``ShardValue`` per bucket (``zero_plan``;
+it holds no storage, ``hybridpar.parallel.shard_value``) and a replica
+optimizer: a copy of the user's optimizer (``from_config``) built on those
+shards, so its slots exist for the replica's shard only. A train step, in each
+replica:
 
 1. flattens the replica's gradients into the buckets and reduce-scatters them:
    an all-to-all of the ``N`` padded chunks followed by a local sum (TF 2.21
@@ -14,7 +15,7 @@ replica's shard only. A train step, in each replica:
    ``(N - 1) / N`` of the bucket per replica). With ``communication.compression``
    fp16/bf16 each replica's chunks are divided by ``N`` and sent in that dtype
    (``hybridpar.parallel.compression.to_wire``), then summed in their own;
-2. copies its shard of the (replicated) weights into the shard variable and
+2. binds its shard of the (replicated) weights to the ``ShardValue`` and
    runs the replica optimizer's ``update_step`` on it with the reduced
    gradient shard and the outer optimizer's learning rate and step count;
 3. all-gathers the updated shards and writes them into its copy of each weight
@@ -63,6 +64,7 @@ from hybridpar.errors import ConfigError
 from hybridpar.parallel import zero_plan
 from hybridpar.parallel.all_reduce import all_reduce_sum
 from hybridpar.parallel.compression import FLOATING, LOW_DTYPES, from_wire, to_wire
+from hybridpar.parallel.shard_value import ShardValue
 from hybridpar.topology.plan import Plan
 
 logger = logging.getLogger("hybridpar")
@@ -190,7 +192,7 @@ class _Replica:
     device: str
     replica: int
     optimizer: Any
-    shards: list[Any]
+    shards: list[ShardValue]
     slots: dict[str, Any]  # the replica optimizer's variables by name
 
 
@@ -213,7 +215,7 @@ class SlotShards:
 
 
 class ShardedState:
-    """One optimizer's shards: a replica optimizer and shard variables per local replica.
+    """One optimizer's shards: a replica optimizer and its shards per local replica.
 
     Args:
         strategy: the strategy (cross-replica context).
@@ -250,12 +252,9 @@ class ShardedState:
         with _plain_variables(), tf.device(device):
             inner = type(optimizer).from_config(optimizer.get_config())
             inner._distribution_strategy = _ReplicaLocal()
-            shards = []
-            for b, bucket in enumerate(self.plan.buckets):
-                with tf.device(bucket_device(bucket, local)):
-                    shards.append(keras.Variable(tf.zeros([bucket.shard_size], bucket.dtype),
-                                                 trainable=False,
-                                                 name=f"zero_shard_{b}_replica_{replica}"))
+            shards = [ShardValue(f"zero_shard_{b}_replica_{replica}", bucket.shard_size,
+                                 bucket.dtype, bucket_device(bucket, local))
+                      for b, bucket in enumerate(self.plan.buckets)]
             inner.build(shards)
         # The step count Adam's bias correction reads; set past Keras's tracking, which would
         # list the outer optimizer's (mirrored) counter among the replica optimizer's variables.
@@ -310,9 +309,10 @@ class ShardedState:
                 if factor is not None:
                     gradient = gradient * tf.cast(factor, gradient.dtype)
                 weights = self._chunks(bucket, [variables[i] for i in bucket.indices])
-                shard.assign(weights[int(replica)])
-                state.optimizer.update_step(gradient, shard, learning_rate)
-                self._write_gathered(bucket, shard, [variables[i] for i in bucket.indices],
+                with shard.bound(weights[int(replica)]):
+                    state.optimizer.update_step(gradient, shard, learning_rate)
+                    updated = tf.convert_to_tensor(shard)
+                self._write_gathered(bucket, updated, [variables[i] for i in bucket.indices],
                                      launcher)
 
     def _chunks(self, bucket: zero_plan.Bucket, values: Sequence[Any]) -> tf.Tensor:
@@ -334,10 +334,9 @@ class ShardedState:
         received = _collective(collective_ops.all_to_all_v2, launcher, sent)
         return tf.reduce_sum(from_wire(received, dtype, self.replicas), axis=0)
 
-    def _write_gathered(self, bucket: zero_plan.Bucket, shard: Any, variables: Sequence[Any],
-                        launcher: Any) -> None:
-        gathered = _collective(collective_ops.all_gather_v2, launcher,
-                               tf.convert_to_tensor(shard))
+    def _write_gathered(self, bucket: zero_plan.Bucket, shard: tf.Tensor,
+                        variables: Sequence[Any], launcher: Any) -> None:
+        gathered = _collective(collective_ops.all_gather_v2, launcher, shard)
         rows = tf.reshape(gathered, [bucket.replicas, bucket.shard_size])
         flat = tf.concat([rows[r, :length] for r, length in enumerate(bucket.shard_lengths())],
                          0)
@@ -363,17 +362,3 @@ def _collective(op: Any, launcher: Any, value: tf.Tensor) -> tf.Tensor:
                   communication_hint=options.implementation.value,
                   timeout=options.timeout_seconds, ordering_token=launcher._get_ordering_token())
 
-
-def variable_bytes_by_device(variables: Sequence[Any]) -> dict[str, int]:
-    """Bytes each device holds of ``variables`` (every copy of a mirrored variable counted
-    on its own device), read from the variables' devices and sizes."""
-    held: dict[str, int] = {}
-    for variable in variables:
-        value = variable.value if isinstance(variable, keras.Variable) else variable
-        for part in getattr(value, "values", [value]):
-            spec = tf.DeviceSpec.from_string(part.device)
-            device = f"/job:{spec.job}/task:{spec.task}/device:{spec.device_type}:" \
-                     f"{spec.device_index}"
-            size = part.shape.num_elements() * tf.as_dtype(part.dtype).size
-            held[device] = held.get(device, 0) + size
-    return held

@@ -293,8 +293,9 @@ def test_hybrid_2_workers_x_2_stages_pipelined_trains_like_one_device(
     assert max_weight_diff(workers["worker-0"], workers["worker-1"]) == 0.0
     assert max_weight_diff(workers["worker-0"], reference) <= 1e-5
     for worker in workers.values():
-        # each worker's shard of a stage's buckets, and their slots, sit on that stage's CPU
-        shards = {path: devices for path, devices in worker["shard_devices"].items()
-                  if "zero_shard" in path}
-        assert sorted(set(map(tuple, shards.values()))) == (
+        # each worker's slots of its shards of a stage's buckets sit on that stage's CPU; no
+        # variable holds a copy of the shards themselves
+        slots = worker["slot_devices"]
+        assert sorted(set(map(tuple, slots.values()))) == (
             [("CPU:0",), ("CPU:1",)] if shard else [])
+        assert worker["shard_variables"] == []

@@ -14,7 +14,7 @@ import tensorflow as tf
 from model_checks import copy_spread, max_weight_difference  # beside this file's folder
 
 import hybridpar
-from hybridpar.parallel import zero, zero_plan
+from hybridpar.parallel import held_bytes, zero_plan
 
 pytestmark = pytest.mark.strategy
 
@@ -72,7 +72,7 @@ def optimizer_bytes(model: keras.Model, hs) -> dict[str, int]:
     variables = list(model.optimizer.variables)
     if hs.state.zero is not None:
         variables += list(hs.state.zero.state_for(model.optimizer).replica_variables())
-    return zero.variable_bytes_by_device(variables)
+    return held_bytes.variable_bytes_by_device(variables)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd_momentum", "adam", "adamw"])
@@ -274,5 +274,40 @@ def test_an_unsharded_strategy_and_plain_keras_keep_their_slots():
         model = mlp()
         model.compile(keras.optimizers.Adam(), "mse")
         model.optimizer.build(model.trainable_variables)
-    held = zero.variable_bytes_by_device(model.optimizer.variables)
+    held = held_bytes.variable_bytes_by_device(model.optimizer.variables)
     assert set(held.values()) == {5576 + 12}
+
+
+@pytest.mark.parametrize("optimizer, target", [("adam", 0.27), ("sgd_momentum", 0.30)])
+def test_every_byte_sharding_adds_is_a_quarter_of_unsharded_state(optimizer, target):
+    """Every variable building and training created, less the model's weights (slots,
+    scalars, metrics: held_bytes.created), per device; no variable copies a weight shard."""
+    created, alive = {}, []
+    for shard in (True, False):
+        before = held_bytes.snapshot()
+        model, _ = train(config(shard), optimizer)
+        created[shard] = held_bytes.created(before, less=model.weights)
+        alive.append(model)  # the second snapshot must hold the first run's variables
+    ratio = max(created[True][device] / held for device, held in created[False].items())
+    assert ratio <= target, (created, ratio)
+    assert [v.name for v in held_bytes.live_variables() if v.name.startswith("zero_shard")] == []
+
+
+def test_save_and_optimizer_variables_under_sharding(tmp_path):
+    """The user's optimizer holds its scalars only: the slots live in the replica optimizers
+    (and in hybridpar's checkpoints, test_zero_checkpoints.py). A .keras file thus has the
+    weights and the optimizer's 2 scalars, no slots: it loads without hybridpar, but Keras
+    then skips the optimizer's saved variables (fewer than it built; it warns), so the loaded
+    optimizer starts afresh: step 0, zero slots. Resume from hybridpar's checkpoints."""
+    model, hs = train(config(True), "adam")
+    assert [v.name for v in model.optimizer.variables] == ["iteration", "learning_rate"]
+    sharded_slots = list(hs.state.zero.state_for(model.optimizer).replica_variables())
+    assert any("momentum" in v.name for v in sharded_slots)
+    path = tmp_path / "sharded.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert max_weight_difference(loaded.get_weights(), model.get_weights()) == 0
+    variables = loaded.optimizer.variables
+    assert len(variables) == 2 + 2 * len(loaded.trainable_weights)
+    assert int(loaded.optimizer.iterations.numpy()) == 0
+    assert all(not np.any(v.numpy()) for v in variables[2:])  # slots not saved: zeros

@@ -105,12 +105,12 @@ OPTIMIZERS = {
 
 def optimizer_bytes(model: keras.Model, hs: hybridpar.HybridStrategy) -> dict:
     """Bytes of optimizer state on each of this task's devices (sharded or not)."""
-    from hybridpar.parallel import zero
+    from hybridpar.parallel import held_bytes
 
     variables = list(model.optimizer.variables)
     if hs.state.zero is not None:
         variables += list(hs.state.zero.state_for(model.optimizer).replica_variables())
-    return zero.variable_bytes_by_device(variables)
+    return held_bytes.variable_bytes_by_device(variables)
 
 
 def main() -> None:

@@ -12,12 +12,14 @@ import argparse
 import json
 import os
 import pathlib
+import re
 
 import hybridpar_models
 import keras
 import tensorflow as tf
 
 import hybridpar  # joins the TF_CONFIG cluster before the first TensorFlow op below
+from hybridpar.parallel import held_bytes
 
 hybridpar.log_to_stderr()  # show hybridpar's own lines: mode, sharding, checkpoints
 
@@ -30,8 +32,7 @@ def local(device: str) -> str:
 
 
 def devices_of(variable) -> list[str]:
-    value = variable.value if isinstance(variable, keras.Variable) else variable
-    return [local(part.device) for part in getattr(value, "values", [value])]
+    return [local(part.device) for part in held_bytes.storage([variable])]
 
 
 def main() -> None:
@@ -67,9 +68,14 @@ def main() -> None:
         "loss": history.history["loss"],
         "weights": [w.tolist() for w in model.get_weights()],
         "devices": {v.path: devices_of(v) for v in model.weights + model.optimizer.variables},
-        "shard_devices": {} if hs.state.zero is None else {
+        # the replica optimizers' slots (their scalars left out), and any variable that would
+        # copy a shard of the weights (none: the optimizers update a ShardValue)
+        "slot_devices": {} if hs.state.zero is None else {
             v.path: devices_of(v)
-            for v in hs.state.zero.state_for(model.optimizer).replica_variables()},
+            for v in hs.state.zero.state_for(model.optimizer).replica_variables()
+            if v.shape.rank},
+        "shard_variables": [v.name for v in held_bytes.live_variables()
+                            if re.fullmatch(r"zero_shard_\d+_replica_\d+(:\d+)?", v.name)],
     }
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
