@@ -5,26 +5,30 @@ input through one ``hybridpar.data.resumable.ResumableIterator`` per worker.
 Each save records that iterator's state (the pipeline's position and its
 buffers) as the string tensor ``input/<worker>`` on the worker's host, beside
 the variables (a non-chief worker writes it in its own bundle, ``zero_shards``),
-and the manifest's ``data.input_state`` says for which input (its
-``fingerprint``: workers, replicas, sharding, pieces; and its ``digest``, the
-pipeline's structure, ``hybridpar.data.pipeline_digest``). A resume restores it
-into the first iterator of the resumed epoch, so no batch is replayed, whatever
-the step. A pipeline changed since the checkpoint (another digest) is replayed
-instead, with a warning; a record without a digest (written before it was) is
+with the structural digest of that worker's pipeline
+(``hybridpar.data.pipeline_digest``) as ``input/<worker>/digest``: workers may
+read other pipelines (each its own copy of the files). The manifest's
+``data.input_state`` says for which input (its ``fingerprint``: workers,
+replicas, sharding, pieces). A resume restores the state into the first
+iterator of the resumed epoch, so no batch is replayed, whatever the step. A
+pipeline changed since the checkpoint (another digest) is replayed instead,
+with a warning; a state saved without a digest (by an earlier hybridpar) is
 restored as before. A restored iterator with nothing after the saved position,
-where the epoch goes on (``steps``), raises ``InputPositionError`` rather than
-train nothing. A pipeline with stateful ops other than Python ones (a random op in a
-``map``, Keras's shuffle of in-memory arrays) is saved without those ops' own
-state, and the log says so once. Where the state cannot serve (a pipeline with
-a Python generator or function; a checkpoint of another topology or input; one
-written without it; a state that does not fit the pipeline, after which the
-iterator is put back at its start), the batches already trained are drawn again
-(``skipping``) and the log says why, once. A saved state that fails its CRC32C
-makes the checkpoint damaged (``read``), like any other tensor of it.
+where the epoch goes on (``steps``), raises ``InputPositionError`` at fit's
+first step rather than train nothing. A pipeline with stateful ops other than
+Python ones (a random op in a ``map``, Keras's shuffle of in-memory arrays) is
+saved without those ops' own state, and the log says so once. Where the state
+cannot serve (a pipeline with a Python generator or function; a checkpoint of
+another topology or input; one written without it; a state that does not fit
+the pipeline, after which the iterator is put back at its start), the batches
+already trained are drawn again (``skipping``) and the log says why, once. A
+saved state that fails its CRC32C makes the checkpoint damaged (``read``), like
+any other tensor of it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -45,6 +49,20 @@ RECORD = "input_state"  # the key of the manifest's ``data`` that describes the 
 def key(worker: int) -> str:
     """The tensor holding worker ``worker``'s iterator state."""
     return f"{GROUP}/{worker:05d}"
+
+
+def digest_key(worker: int) -> str:
+    """The tensor holding the structural digest of worker ``worker``'s pipeline."""
+    return f"{key(worker)}/digest"
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedInput:
+    """A worker's saved input: its iterator's ``state`` and its pipeline's ``digest``
+    (``None`` in a checkpoint written before digests were saved)."""
+
+    state: Any
+    digest: str | None
 
 
 def _first_line(err: Exception) -> str:
@@ -68,8 +86,9 @@ class InputSaver:
 
     def capture(self, iterator: Any, worker: int) -> tuple[list[tensor_io.Piece],
                                                            dict[str, Any] | None]:
-        """The piece holding ``iterator``'s state and the manifest's record of it, or
-        nothing for an iterator that is not resumable or cannot be saved."""
+        """The pieces holding ``iterator``'s state and its pipeline's digest, and the
+        manifest's record of them, or nothing for an iterator that is not resumable or
+        cannot be saved."""
         if not isinstance(iterator, resumable.ResumableIterator) or self.unsaveable:
             return [], None
         try:
@@ -97,38 +116,50 @@ class InputSaver:
             self._sized = True
             logger.info("hybridpar: each checkpoint saves the training input's position with "
                         "its buffers: %s bytes on this worker.", f"{len(state.numpy()):,}")
-        return ([tensor_io.Piece(key(worker), "", state)],
-                {"fingerprint": iterator.dataset.fingerprint,
-                 "digest": iterator.dataset.digest})
+        return ([tensor_io.Piece(key(worker), "", state),
+                 tensor_io.Piece(digest_key(worker), "", tf.constant(iterator.dataset.digest))],
+                {"fingerprint": iterator.dataset.fingerprint})
 
 
-def read(reader: Any, path: Any, manifest: dict[str, Any], worker: int) -> Any:
-    """Worker ``worker``'s saved input state, read with the rest of the checkpoint, so that
-    a damaged one (TensorFlow checks its CRC32C as it reads it) makes the checkpoint damaged.
+def read(reader: Any, path: Any, manifest: dict[str, Any], worker: int) -> SavedInput | None:
+    """Worker ``worker``'s saved input, read with the rest of the checkpoint, so that a
+    damaged one (TensorFlow checks its CRC32C as it reads it) makes the checkpoint damaged.
 
     Returns:
-        The state, or ``None`` when the checkpoint holds none for this worker.
+        The state and digest, or ``None`` when the checkpoint holds no state for this
+        worker.
 
     Raises:
         CheckpointDamagedError: naming the checkpoint and the tensor.
     """
     if manifest["data"].get(RECORD) is None:
         return None
-    try:
-        return reader.array(key(worker), "string")
-    except (KeyError, tf.errors.NotFoundError):
+    state = _array(reader, path, key(worker))
+    if state is None:
         return None  # a worker the saving run did not have: its fingerprint differs
+    digest = _array(reader, path, digest_key(worker))
+    if digest is not None:
+        digest = (digest.item() if hasattr(digest, "item") else digest).decode()
+    return SavedInput(state, digest)
+
+
+def _array(reader: Any, path: Any, name: str) -> Any:
+    """The string tensor ``name``, or ``None`` where the checkpoint has none."""
+    try:
+        return reader.array(name, "string")
+    except (KeyError, tf.errors.NotFoundError):
+        return None
     except tf.errors.OpError as err:
-        raise CheckpointDamagedError(f"{os.fspath(path)}: {key(worker)} cannot be read "
+        raise CheckpointDamagedError(f"{os.fspath(path)}: {name} cannot be read "
                                      f"({_first_line(err)})") from None
 
 
-def restorer(saved: Any, manifest: dict[str, Any], worker: int,
+def restorer(saved: SavedInput | None, manifest: dict[str, Any], worker: int,
              steps: int | None = None) -> Callable[[Any], bool]:
     """What puts the resumed epoch's first iterator where the checkpoint left it.
 
     Args:
-        saved: this worker's saved state (``read``), or ``None``.
+        saved: this worker's saved input (``read``), or ``None``.
         manifest: the checkpoint's manifest.
         worker: this worker's index.
         steps: the steps of this fit's epochs, if known (Keras's ``steps``: the input's
@@ -139,24 +170,23 @@ def restorer(saved: Any, manifest: dict[str, Any], worker: int,
         same input and returns ``True``; otherwise it says why once and returns
         ``False`` (the batches are then drawn again).
 
-    Raises (from the function):
-        InputPositionError: the restored iterator has nothing after the saved
-            position, where the epoch goes on.
+    Where the epoch goes on past the saved position, fit's first step after the restore
+    raises ``InputPositionError`` if the restored iterator has nothing after it.
     """
     record = manifest["data"].get(RECORD)
 
     def restore(iterator: Any) -> bool:
         why = _not_restorable(iterator, record, saved, worker)
         if why is None:
-            if _changed(record, iterator):
+            if _changed(saved, iterator):
                 logger.warning(
                     "hybridpar: the training input's pipeline changed since the checkpoint "
                     "was written (its structural digest was %s, this fit's is %s): its saved "
                     "position is not restored, and the resumed epoch is replayed from its "
                     "start, drawing the batches already trained again without training on "
-                    "them.", record["digest"][:12], iterator.dataset.digest[:12])
+                    "them.", saved.digest[:12], iterator.dataset.digest[:12])
                 return False
-            why = _restored(saved, iterator, _goes_on(manifest, iterator, steps))
+            why = _restored(saved.state, iterator, _goes_on(manifest, iterator, steps))
             if why is None:
                 logger.info("hybridpar: restored the training input's position from the "
                             "checkpoint; no batch is drawn again.")
@@ -167,7 +197,7 @@ def restorer(saved: Any, manifest: dict[str, Any], worker: int,
     return restore
 
 
-def _not_restorable(iterator: Any, record: dict[str, Any] | None, saved: Any,
+def _not_restorable(iterator: Any, record: dict[str, Any] | None, saved: SavedInput | None,
                     worker: int) -> str | None:
     """Why the saved state cannot serve ``iterator``, or ``None``."""
     if not isinstance(iterator, resumable.ResumableIterator):
@@ -184,10 +214,9 @@ def _not_restorable(iterator: Any, record: dict[str, Any] | None, saved: Any,
     return None
 
 
-def _changed(record: dict[str, Any], iterator: Any) -> bool:
+def _changed(saved: SavedInput, iterator: Any) -> bool:
     """Whether the pipeline's digest differs from the saved one (unknown: not changed)."""
-    saved = record.get("digest")
-    return saved is not None and saved != iterator.dataset.digest
+    return saved.digest is not None and saved.digest != iterator.dataset.digest
 
 
 def _goes_on(manifest: dict[str, Any], iterator: Any, steps: int | None) -> str | None:
@@ -204,27 +233,27 @@ def _goes_on(manifest: dict[str, Any], iterator: Any, steps: int | None) -> str 
 
 def _restored(saved: Any, iterator: Any, goes_on: str | None) -> str | None:
     """Restores ``saved`` into ``iterator``; ``None``, or why not (the iterator is then put
-    back at its start: a failed restore leaves it ended).
-
-    Raises:
-        InputPositionError: where the epoch goes on (``goes_on``) and nothing follows.
-    """
+    back at its start: a failed restore leaves it ended). Where the epoch goes on
+    (``goes_on``), fit's first step after it raises ``InputPositionError`` if the input
+    ends at once (``ResumableIterator.expect_steps_after_restore``)."""
     start = iterator.state(external_state=True)
     try:
-        if goes_on is None:
-            iterator.restore(saved)
-        follows = goes_on is None or iterator.has_piece_after(saved)
+        iterator.restore(saved)
     except tf.errors.OpError as err:
         iterator.restore(start)
         return f"the saved state does not fit this input's pipeline ({_first_line(err)})"
-    if not follows:
-        raise InputPositionError(
-            "hybridpar: the training input yields fewer batches than the checkpoint's "
-            f"position: the checkpoint saved it at {goes_on}, and the restored iterator "
-            "has no batch after it (an input changed in a way its structural digest does "
-            "not see, such as a file's contents, or a checkpoint written before the digest "
-            "was saved), so the resumed epoch would train nothing. Resume with the input "
-            "the checkpoint was written with, or set checkpoint.save_iterator: false to "
-            "draw the trained batches again from this input, or start afresh in an empty "
-            "checkpoint.dir.")
+    if goes_on is not None:
+        iterator.expect_steps_after_restore(lambda: _ended_error(goes_on))
     return None
+
+
+def _ended_error(goes_on: str) -> InputPositionError:
+    return InputPositionError(
+        "hybridpar: the training input yields fewer batches than the checkpoint's "
+        f"position: the checkpoint saved it at {goes_on}, and the restored iterator "
+        "has no batch after it (an input changed in a way its structural digest does "
+        "not see, such as a file's contents, or a checkpoint written before the digest "
+        "was saved), so the resumed epoch would train nothing. Resume with the input "
+        "the checkpoint was written with, or set checkpoint.save_iterator: false to "
+        "draw the trained batches again from this input, or start afresh in an empty "
+        "checkpoint.dir.")

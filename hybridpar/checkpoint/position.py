@@ -40,6 +40,7 @@ class DataPosition:
         self._skip_calls = self._skip_extra = self._drawn_ahead = 0
         self._per_call = 1
         self._restore: Callable[[Any], bool] | None = None
+        self._restored = False
         self._model: Any = None
         self._original: Any = None
 
@@ -101,7 +102,8 @@ class DataPosition:
         self._before_step()
         ahead = self._skip_extra + self._skip_calls * self._per_call - self._drawn_ahead
         if ahead > 0:  # every batch to skip, at the first call: restored, or in one graph loop
-            if self._restore is None or not self._restore(iterator):
+            self._restored = self._restore is not None and self._restore(iterator)
+            if not self._restored:
                 self._draw(iterator, ahead)
             self._position += ahead
             self._drawn_ahead += ahead
@@ -110,6 +112,10 @@ class DataPosition:
         if self._skip_calls:
             self._skip_calls -= 1
             return {}
-        result = self._original(iterator)
+        if self._restored:  # the iterator checks that the restored input goes on
+            self._restored = False
+            result = iterator.first_step_after_restore(self._original)
+        else:
+            result = self._original(iterator)
         self._position += self._per_call
         return result

@@ -5,7 +5,6 @@ once, and a restored position with nothing after it raises, never an epoch of 0 
 
 from __future__ import annotations
 
-import json
 import logging
 import pathlib
 from collections.abc import Callable
@@ -17,6 +16,7 @@ import tensorflow as tf
 from model_checks import Crash
 
 import hybridpar
+from hybridpar.checkpoint import input_state, tensor_io
 from hybridpar.errors import InputPositionError
 
 pytestmark = pytest.mark.strategy
@@ -80,11 +80,10 @@ def train(directory: pathlib.Path, dataset: tf.data.Dataset, crash_at: int | Non
     return model
 
 
-def crash(directory: pathlib.Path, dataset: tf.data.Dataset, **fit) -> dict:
-    """Trains until the crash after step 30; returns the manifest of the checkpoint at 30."""
+def crash(directory: pathlib.Path, dataset: tf.data.Dataset, **fit) -> None:
+    """Trains until the crash after step 30 (the newest checkpoint is at 30)."""
     with pytest.raises(KeyboardInterrupt):
         train(directory, dataset, crash_at=CRASH, **fit)
-    return json.loads((directory / f"ckpt-{CRASH:08d}" / "manifest.json").read_text())
 
 
 def steps(model: keras.Model) -> int:
@@ -106,8 +105,10 @@ def test_a_changed_pipeline_replays_its_epoch_and_says_so_once(changed, trained,
     """The resumed epoch draws the 30 batches already trained from the new pipeline's start
     and trains the rest; restored, a take's position ran past its end (0 steps)."""
     original = scaled(1.0) if trained == 100 - CRASH else data
-    manifest = crash(tmp_path, original())
-    assert len(manifest["data"]["input_state"]["digest"]) == 64
+    crash(tmp_path, original())
+    saved = tensor_io.BundleReader(tmp_path / f"ckpt-{CRASH:08d}").array(
+        input_state.digest_key(0), "string")
+    assert len(saved) == 64
     with caplog.at_level(logging.INFO, logger="hybridpar"):
         model = train(tmp_path, changed())
     warnings = said(caplog, CHANGED, logging.WARNING)
@@ -133,28 +134,35 @@ def test_another_file_list_replays_its_epoch(tmp_path, caplog):
     assert steps(model) == CRASH + 75 - CRASH  # the 3 files' 75 batches, 30 drawn again
 
 
-def drop_digests(directory: pathlib.Path) -> None:
-    """Makes every checkpoint's input record one written before the digest was saved."""
-    for path in directory.glob("ckpt-*/manifest.json"):
-        manifest = json.loads(path.read_text())
-        del manifest["data"]["input_state"]["digest"]
-        path.write_text(json.dumps(manifest))
+def without_digests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Makes the checkpoints written from now on hold their input's state without its
+    digest, as hybridpar wrote them before it saved digests."""
+    capture = input_state.InputSaver.capture
+
+    def capture_state_only(saver, iterator, worker):
+        pieces, record = capture(saver, iterator, worker)
+        return [p for p in pieces if p.key != input_state.digest_key(worker)], record
+
+    monkeypatch.setattr(input_state.InputSaver, "capture", capture_state_only)
 
 
-def test_a_record_without_a_digest_restores_as_before(tmp_path, caplog):
+def test_a_state_without_a_digest_restores_as_before(tmp_path, caplog, monkeypatch):
+    without_digests(monkeypatch)
     crash(tmp_path, data())
-    drop_digests(tmp_path)
+    monkeypatch.undo()
     with caplog.at_level(logging.INFO, logger="hybridpar"):
         model = train(tmp_path, data())
     assert said(caplog, RESTORED)
     assert steps(model) == 100
 
 
-def test_a_state_that_does_not_fit_is_replayed_from_the_start(tmp_path, caplog):
+def test_a_state_that_does_not_fit_is_replayed_from_the_start(tmp_path, caplog,
+                                                               monkeypatch):
     """Without a digest, the state is tried: TensorFlow refuses it for a pipeline of other
     stages, which leaves the iterator ended; it is put back at its start and replayed."""
+    without_digests(monkeypatch)
     crash(tmp_path, data())
-    drop_digests(tmp_path)
+    monkeypatch.undo()
     with caplog.at_level(logging.INFO, logger="hybridpar"):
         model = train(tmp_path, data().take(70))
     assert said(caplog, "the saved state does not fit this input's pipeline")
@@ -169,11 +177,12 @@ def unbuffered(dataset: tf.data.Dataset) -> tf.data.Dataset:
     return dataset.with_options(options)
 
 
-def test_a_restored_position_with_nothing_after_it_raises(tmp_path):
+def test_a_restored_position_with_nothing_after_it_raises(tmp_path, monkeypatch):
     """Without a digest, the state of take(100) restores into take(30) (the same stages):
     at batch 30 of an epoch of steps_per_epoch=50 it has nothing left."""
+    without_digests(monkeypatch)
     crash(tmp_path, unbuffered(data().take(100)), epochs=2, steps_per_epoch=50)
-    drop_digests(tmp_path)
+    monkeypatch.undo()
     with pytest.raises(InputPositionError, match=(
             r"yields fewer batches than the checkpoint's position: the checkpoint saved it "
             r"at batch 30 of epoch 1 \(optimizer step 30\), of an epoch of 50 steps, and the "
@@ -181,15 +190,16 @@ def test_a_restored_position_with_nothing_after_it_raises(tmp_path):
         train(tmp_path, unbuffered(data().take(30)), epochs=2, steps_per_epoch=50)
 
 
-def test_an_input_of_unknown_length_is_not_guarded(tmp_path):
+def test_an_input_of_unknown_length_is_not_guarded(tmp_path, monkeypatch):
     """The same restore where nobody knows the epoch's length (a filter, no
     steps_per_epoch): no error; the epoch ends at once and Keras says the input ran out,
     as it does at the end of any such epoch. The digest is what tells these apart."""
     def unknown(count: int) -> tf.data.Dataset:
         return unbuffered(data().take(count).filter(lambda x, y: True))
 
+    without_digests(monkeypatch)
     crash(tmp_path, unknown(100))
-    drop_digests(tmp_path)
+    monkeypatch.undo()
     with pytest.warns(UserWarning, match="ran out of data"):
         model = train(tmp_path, unknown(30))
     assert steps(model) == CRASH

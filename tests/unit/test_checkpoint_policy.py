@@ -60,6 +60,17 @@ def test_a_resume_draws_every_skipped_batch_at_the_first_call():
     assert position.record(2, 5)["iterator_position"] == 9
 
 
+class RestoredIterator:
+    """Counts the train calls that ran through ``first_step_after_restore``."""
+
+    def __init__(self) -> None:
+        self.checked = 0
+
+    def first_step_after_restore(self, step):
+        self.checked += 1
+        return step(self)
+
+
 def test_a_resume_restores_the_saved_iterator_instead_of_drawing():
     drawn, restored = [], []
     position = DataPosition(lambda it, n: drawn.append(n), lambda: 2, lambda: None)
@@ -67,11 +78,14 @@ def test_a_resume_restores_the_saved_iterator_instead_of_drawing():
     position.install(model)
     position.skip(4, 3, persists=True, restore=lambda it: restored.append(it) or True,
                   loop_skips=True)
-    iterator = object()
+    iterator = RestoredIterator()
     model.train_function(iterator)  # the loop began the epoch at batch 4: this one trains
     assert restored == [iterator] and drawn == [] and model.trained == [iterator]
+    assert iterator.checked == 1  # the first step after the restore checks the input goes on
+    model.train_function(iterator)
+    assert iterator.checked == 1 and model.trained == [iterator] * 2
     assert not position.skipping
-    assert position.record(2, 6)["iterator_position"] == 9
+    assert position.record(2, 8)["iterator_position"] == 11
     assert position.live_iterator(2) is iterator
 
 
