@@ -96,9 +96,10 @@ def test_periodic_checkpoints_keep_the_newest_with_a_manifest(tmp_path):
     # TensorFlow's own reader reads it: every variable whole, under its hybridpar key.
     shapes = tf.train.load_checkpoint(str(newest / "state")).get_variable_to_shape_map()
     assert shapes["model/00000"] == list(model.variables[0].shape)
-    # ... and the input iterator's state (hybridpar.checkpoint.input_state), a string.
-    assert shapes["input/00000"] == []
-    assert len(shapes) == 1 + sum(len(manifest["variables"][g]) for g in ("model", "optimizer",
+    # ... and the input iterator's state (hybridpar.checkpoint.input_state) and its
+    # pipeline's digest, strings.
+    assert shapes["input/00000"] == shapes["input/00000/digest"] == []
+    assert len(shapes) == 2 + sum(len(manifest["variables"][g]) for g in ("model", "optimizer",
                                                                            "metrics"))
     assert [v["path"] for v in manifest["variables"]["model"]] == [
         v.path for v in model.variables]

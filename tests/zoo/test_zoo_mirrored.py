@@ -76,9 +76,18 @@ def evaluation(model: keras.Model, zoo: zoo_models.ZooModel, batch: int = BATCH
             if outputs == 1 or k == "loss" or not k.endswith("_loss")}
 
 
-# The CNNs fed by tf.data are the suite's longest rows (1.5 to 2.5 minutes each): zoo_heavy.
-CASES = [pytest.param(name, feed, id=f"{name}-{feed}", marks=[pytest.mark.zoo_heavy] if (
-    MODELS[name].batch_norm and feed == "tf.data") else []) for name in MODELS for feed in FEEDS]
+# The suite's longest rows (1.5 to 2.5 minutes each) are zoo_heavy: the CNNs fed by tf.data,
+# and the two longest fed by numpy (DenseNet121 150 s, EfficientNetB0 103 s in make test).
+HEAVY_NUMPY = ("DenseNet121", "EfficientNetB0")
+
+
+def _heavy(name: str, feed: str) -> bool:
+    return MODELS[name].batch_norm and (feed == "tf.data" or name in HEAVY_NUMPY)
+
+
+CASES = [pytest.param(name, feed, id=f"{name}-{feed}",
+                      marks=[pytest.mark.zoo_heavy] if _heavy(name, feed) else [])
+         for name in MODELS for feed in FEEDS]
 
 
 def test_every_zoo_model_is_fed_both_ways():
