@@ -188,6 +188,9 @@ def test_a_restored_position_with_nothing_after_it_raises(tmp_path, monkeypatch)
             r"at batch 30 of epoch 1 \(optimizer step 30\), of an epoch of 50 steps, and the "
             r"restored iterator has no batch after it .* checkpoint.save_iterator: false")):
         train(tmp_path, unbuffered(data().take(30)), epochs=2, steps_per_epoch=50)
+    # Raised at the resumed fit's first step, before it trained or saved: step 30 stays
+    # the newest checkpoint.
+    assert max(p.name for p in tmp_path.glob("ckpt-*")) == f"ckpt-{CRASH:08d}"
 
 
 def test_an_input_of_unknown_length_is_not_guarded(tmp_path, monkeypatch):
