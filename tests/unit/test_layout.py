@@ -48,6 +48,7 @@ PURE_MODULES = [
     "hybridpar.topology.placement",
     "hybridpar.topology.plan",
     "hybridpar.topology.ps_cluster",
+    "hybridpar.topology.tensor_layout",
     "hybridpar.parallel.schedule",
     "hybridpar.parallel.compression_plan",
     "hybridpar.parallel.zero_plan",
