@@ -86,10 +86,10 @@ class StagePlacer:
         object; a ``numpy_dataset.SingleDevice`` makes a plain variable there.
         """
         devices = self.mesh.stage_devices(stage)
-        return _OnDevices(devices) if self.mirrored else numpy_dataset.SingleDevice(devices[0])
+        return OnDevices(devices) if self.mirrored else numpy_dataset.SingleDevice(devices[0])
 
 
-class _OnDevices:
+class OnDevices:
     """A ``colocate_with`` target: MirroredStrategy mirrors a variable over its ``_devices``."""
 
     def __init__(self, devices: tuple[str, ...]) -> None:
