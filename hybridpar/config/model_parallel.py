@@ -1,5 +1,5 @@
 """The ``model_parallel`` section: stages, placement (manual rules and ``auto``), microbatches,
-the pipeline schedule."""
+the pipeline schedule, tensor-parallel groups and their layout."""
 
 from __future__ import annotations
 
@@ -31,6 +31,15 @@ class ModelParallelConfig(Section):
             the forward of microbatch ``m`` only after the backward of
             ``m - (stages - k)``, so it holds at most ``stages - k``).
             ``1f1b`` needs ``stages > 1`` and ``microbatches > 1``.
+        tensor: devices per tensor-parallel group (Megatron-style): each
+            stage of a replica runs on ``tensor`` devices, which split its
+            attention heads, MLP columns and vocabulary; replicas = devices /
+            (stages x tensor).
+        tensor_layout: which axis of each weight the group splits: ``auto``
+            (attention heads, Dense column/row pairs, token embeddings; see
+            ``hybridpar.topology.tensor_layout``), or regex (searched in the
+            variable path) -> axis, or null to keep a weight whole; the rules
+            override the automatic layout unless the mapping has ``auto: false``.
     """
 
     PATH: ClassVar[str] = "model_parallel"
@@ -39,12 +48,16 @@ class ModelParallelConfig(Section):
     microbatches: int = 1
     device_memory_bytes: int | None = None
     schedule: str = "gpipe"
+    tensor: int = 1
+    tensor_layout: dict[str, int | bool | None] | str = "auto"
 
     def validate(self) -> None:
         positive("model_parallel.stages", self.stages)
         positive("model_parallel.microbatches", self.microbatches)
         positive("model_parallel.device_memory_bytes", self.device_memory_bytes)
         _check_schedule(self.schedule, self.stages, self.microbatches)
+        positive("model_parallel.tensor", self.tensor)
+        _check_tensor_layout(self.tensor_layout)
         placement = self.placement
         if isinstance(placement, str):
             require(
@@ -78,6 +91,19 @@ class ModelParallelConfig(Section):
             return self.placement[AUTO_KEY]
         return "static" if self.stages > 1 and not self.placement else None
 
+    @property
+    def tensor_rules(self) -> dict[str, int | None]:
+        """The manual tensor-layout rules: regex -> axis, or ``None`` (kept whole)."""
+        layout = self.tensor_layout
+        return {} if isinstance(layout, str) else {
+            k: v for k, v in layout.items() if k != AUTO_KEY}
+
+    @property
+    def tensor_auto(self) -> bool:
+        """Whether the automatic layout splits the weights no manual rule names."""
+        layout = self.tensor_layout
+        return isinstance(layout, str) or layout.get(AUTO_KEY, True) is not False
+
 
 AUTO_KEY = "auto"
 AUTO_COSTS = ("static", "profile")
@@ -97,6 +123,38 @@ def _check_schedule(schedule: str, stages: int, microbatches: int) -> None:
         f"stages={stages}, microbatches={microbatches}. Raise them, or leave the schedule "
         "at 'gpipe' (with one stage the microbatches already run one after another).",
     )
+
+
+def _check_tensor_layout(layout: dict[str, int | bool | None] | str) -> None:
+    if isinstance(layout, str):
+        require(
+            layout == "auto",
+            "model_parallel.tensor_layout must be 'auto' or a mapping of regex -> axis "
+            f"(or null). Received: model_parallel.tensor_layout={layout!r}."
+            f"{did_you_mean(layout, ['auto'])}",
+        )
+        return
+    for pattern, axis in layout.items():
+        if pattern == AUTO_KEY:
+            require(
+                isinstance(axis, bool),
+                "model_parallel.tensor_layout.auto must be true or false (whether the "
+                "automatic layout splits the weights no rule names). Received: "
+                f"{axis!r}.",
+            )
+            continue
+        require(
+            axis is None or (isinstance(axis, int) and not isinstance(axis, bool)),
+            f"model_parallel.tensor_layout[{pattern!r}] must be the axis to split (an "
+            f"integer) or null to keep the weight whole. Received: {axis!r}.",
+        )
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise ConfigError(
+                f"model_parallel.tensor_layout key is not a valid regular expression "
+                f"({err}). Received: {pattern!r}."
+            ) from None
 
 
 def _check_rule(pattern: str, stage: int | str, stages: int) -> None:

@@ -6,8 +6,8 @@ strategy, on plain data gathered at the edge (the local devices, the TF_CONFIG
 cluster). The devices must exist, replicas x stages must fit in them, the
 global batch must divide over the replicas, the cluster must suit the mode
 (parameter servers, no ps tasks under multi_worker) and so must the settings
-(``nccl`` on GPUs only, no compression or stages with parameter servers). The
-strategy builders trust the plan and check nothing again.
+(``nccl`` on GPUs only, no compression, stages or tensor-parallel groups with
+parameter servers). The strategy builders trust the plan and check nothing again.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class Plan:
 
     Attributes:
         mode: the resolved mode (never ``auto``).
-        mesh: the local devices as replicas x stages.
+        mesh: the local devices as replicas x stages x tensor-parallel shards.
         num_workers: training processes in the cluster (1 without TF_CONFIG).
         explicit_devices: True when the user listed the devices.
         evaluator: True on the cluster's ``evaluator`` task, which trains
@@ -96,27 +96,28 @@ def select_devices(config: StrategyConfig, available: Sequence[str]) -> tuple[st
 def _multi_worker_devices(config: StrategyConfig, selected: tuple[str, ...]) -> tuple[str, ...]:
     """The local devices of a worker under MultiWorkerMirroredStrategy.
 
-    With one stage, MultiWorkerMirroredStrategy trains on every local GPU, else
-    on CPU:0. With S stages each worker runs one model-parallel replica on its
-    first S local devices.
+    With one stage and no tensor-parallel group, MultiWorkerMirroredStrategy
+    trains on every local GPU, else on CPU:0. With S stages of T devices each
+    worker runs one model-parallel replica on its first S x T local devices.
     """
-    stages = config.model_parallel.stages
+    per_replica = _per_replica(config)
     gpus = tuple(d for d in selected if device_kind(d) == "GPU")
-    if stages == 1:
+    if per_replica == 1:
         devices = gpus or ("/device:CPU:0",)
     elif gpus:
         raise RuntimeMismatchError(
-            f"data_parallel.mode='multi_worker' with model_parallel.stages={stages} runs one "
+            f"data_parallel.mode='multi_worker' with {_per_replica_text(config)} runs one "
             "model-parallel replica per worker, but MultiWorkerMirroredStrategy makes every "
             f"local GPU a replica ({', '.join(gpus)} here); hybridpar cannot yet restrict it "
-            "to one. Use stages=1 on multi-GPU workers, or mode 'mirrored' on one host."
+            "to one. Use stages=1 and tensor=1 on multi-GPU workers, or mode 'mirrored' on "
+            "one host."
         )
     else:
-        devices = selected[:stages]
+        devices = selected[:per_replica]
     if config.data_parallel.devices is not None and tuple(config.data_parallel.devices) != devices:
         raise RuntimeMismatchError(
             f"data_parallel.mode='multi_worker' trains on {', '.join(devices)} here (every "
-            "local GPU, or CPU:0, or the first model_parallel.stages devices), but "
+            "local GPU, or CPU:0, or the first stages x tensor devices), but "
             f"data_parallel.devices lists {', '.join(config.data_parallel.devices)}. Set "
             "data_parallel.devices to null (or to exactly those devices)."
         )
@@ -153,17 +154,20 @@ def _check_parameter_server(config: StrategyConfig, cluster: ClusterInfo | None)
 
     Raises:
         RuntimeMismatchError: for a cluster that cannot train this way.
-        ConfigError: for model-parallel stages, microbatches or gradient compression.
+        ConfigError: for model-parallel stages, microbatches, tensor-parallel
+            groups or gradient compression.
     """
     check_cluster(cluster, config)
     parallel = config.model_parallel
-    if parallel.stages > 1 or parallel.microbatches > 1:
+    if parallel.stages > 1 or parallel.microbatches > 1 or parallel.tensor > 1:
         raise ConfigError(
             "data_parallel.mode='parameter_server' trains whole models on each worker; "
-            "model-parallel stages and microbatches are not available with it. Received: "
-            f"model_parallel.stages={parallel.stages}, "
-            f"model_parallel.microbatches={parallel.microbatches}. Set both to 1, or use "
-            "mode 'mirrored' or 'multi_worker'."
+            "model-parallel stages, microbatches and tensor-parallel groups are not "
+            f"available with it. Received: model_parallel.stages={parallel.stages}, "
+            f"model_parallel.microbatches={parallel.microbatches}, "
+            f"model_parallel.tensor={parallel.tensor}. Set all three to 1, or use "
+            "mode 'mirrored' or 'multi_worker' (whose replicas can be tensor-parallel "
+            "groups; parameter servers already split large tables by variable_partitioner)."
         )
     compression = config.communication.compression
     if compression != "none":
@@ -188,20 +192,20 @@ def _check_multi_worker(cluster: ClusterInfo | None) -> None:
 
 
 def _check_idle_devices(config: StrategyConfig, available: Sequence[str]) -> None:
-    """Raises RuntimeMismatchError when the stage count leaves local devices idle.
+    """Raises RuntimeMismatchError when stages x tensor leaves local devices idle.
 
     Only when the devices were not listed: a listed subset is the user's choice.
     """
     if config.data_parallel.devices is not None:
         return
     found = select_devices(config, available)
-    stages = config.model_parallel.stages
-    if len(found) % stages:
+    per_replica = _per_replica(config)
+    if len(found) % per_replica:
         raise RuntimeMismatchError(
-            f"model_parallel.stages={stages} does not divide the {len(found)} local devices "
-            f"({', '.join(found)}): under mode 'mirrored' {len(found) % stages} of them would "
-            f"sit idle. Use a stage count that divides {len(found)}, or list the devices to "
-            "use in data_parallel.devices."
+            f"{_per_replica_text(config)} does not divide the {len(found)} local devices "
+            f"({', '.join(found)}): under mode 'mirrored' {len(found) % per_replica} of them "
+            f"would sit idle. Use stages x tensor that divides {len(found)}, or list the "
+            "devices to use in data_parallel.devices."
         )
 
 
@@ -223,33 +227,46 @@ def _local_devices(
     """The selected devices, trimmed to whole replicas unless the user listed them.
 
     Raises:
-        RuntimeMismatchError: when there are fewer devices than stages.
+        RuntimeMismatchError: when there are fewer devices than stages x tensor.
     """
     devices = select_devices(config, available)
-    stages = config.model_parallel.stages
-    if len(devices) < stages:
+    per_replica = _per_replica(config)
+    if len(devices) < per_replica:
         raise RuntimeMismatchError(
-            f"model_parallel.stages={stages} needs at least {stages} devices, but only "
+            f"{_per_replica_text(config)} needs at least {per_replica} devices, but only "
             f"{len(devices)} are available: {', '.join(devices)}. Lower "
-            "model_parallel.stages or add devices."
+            "model_parallel.stages or model_parallel.tensor, or add devices."
         )
     if config.data_parallel.devices is not None:
         return devices
-    return devices[: len(devices) - len(devices) % stages]
+    return devices[: len(devices) - len(devices) % per_replica]
+
+
+def _per_replica(config: StrategyConfig) -> int:
+    """Devices one model replica runs on: stages x tensor-parallel shards."""
+    return config.model_parallel.stages * config.model_parallel.tensor
+
+
+def _per_replica_text(config: StrategyConfig) -> str:
+    parallel = config.model_parallel
+    if parallel.tensor == 1:
+        return f"model_parallel.stages={parallel.stages}"
+    return (f"model_parallel.stages={parallel.stages} x model_parallel.tensor="
+            f"{parallel.tensor} = {_per_replica(config)} devices per replica")
 
 
 def _mode_devices(
     config: StrategyConfig, mode: str, devices: tuple[str, ...], cluster: ClusterInfo | None
 ) -> tuple[str, ...]:
     """The devices ``mode`` trains on, after that mode's checks against the runtime."""
-    stages = config.model_parallel.stages
+    per_replica = _per_replica(config)
     if mode == "none":
-        if config.data_parallel.devices is not None and len(devices) > stages:
+        if config.data_parallel.devices is not None and len(devices) > per_replica:
             raise RuntimeMismatchError(
-                f"data_parallel.mode='none' trains one replica on {stages} device(s), but "
-                f"data_parallel.devices lists {len(devices)}. Use mode 'mirrored'."
+                f"data_parallel.mode='none' trains one replica on {per_replica} device(s), "
+                f"but data_parallel.devices lists {len(devices)}. Use mode 'mirrored'."
             )
-        return devices[:stages]
+        return devices[:per_replica]
     if mode == "multi_worker":
         _check_multi_worker(cluster)
         return _multi_worker_devices(config, devices)
@@ -295,10 +312,11 @@ def make_plan(
     if cluster is not None and cluster.is_evaluator:
         return _evaluator_plan(config, available, cluster)
     devices = _local_devices(config, available)
-    mode = resolve_mode(config, cluster, len(devices) // config.model_parallel.stages)
+    mode = resolve_mode(config, cluster, len(devices) // _per_replica(config))
     if mode == "mirrored":
         _check_idle_devices(config, available)
-    mesh = DeviceMesh(_mode_devices(config, mode, devices, cluster), config.model_parallel.stages)
+    mesh = DeviceMesh(_mode_devices(config, mode, devices, cluster),
+                      config.model_parallel.stages, config.model_parallel.tensor)
     if mode == "mirrored":
         _check_mirrored(config, mesh)
     num_workers = cluster.num_workers if cluster is not None and mode == "multi_worker" else 1

@@ -105,6 +105,45 @@ def test_mesh_mapping_is_replica_major():
         mesh.device(2, 0)
 
 
+def test_mesh_tensor_groups_are_innermost_and_shard_0_leads():
+    mesh = DeviceMesh(tuple("abcdefgh"), stages=2, tensor=2)
+    assert mesh.replicas == 2
+    assert mesh.group_devices(0, 1) == ("c", "d")
+    assert mesh.device(1, 0) == "e" and mesh.device(1, 1, 1) == "h"
+    assert mesh.stage_devices(1) == ("c", "g")  # the leaders, where unsplit weights go
+    assert mesh.shard_devices(1, 1) == ("d", "h")
+    with pytest.raises(IndexError):
+        mesh.device(0, 0, 2)
+
+
+def test_tensor_groups_split_the_devices_into_replicas():
+    plan = make_plan(config(**{"model_parallel.tensor": 2}), CPUS)
+    assert plan.mode == "mirrored" and plan.mesh.replicas == 2
+    assert plan.mesh.stage_devices(0) == (CPUS[0], CPUS[2])
+    none = make_plan(config(**{"model_parallel.tensor": 2, "data_parallel.mode": "none"}), CPUS)
+    assert none.mesh.devices == tuple(CPUS[:2]) and none.mesh.tensor == 2
+
+
+def test_stages_times_tensor_that_leaves_devices_idle_is_refused():
+    six = [f"/device:CPU:{i}" for i in range(6)]
+    with pytest.raises(RuntimeMismatchError, match=r"stages=1 x model_parallel.tensor=4 = 4 "
+                                                   r"devices per replica does not divide the 6"):
+        make_plan(config(**{"model_parallel.tensor": 4, "data_parallel.mode": "mirrored"}), six)
+    with pytest.raises(RuntimeMismatchError, match=r"tensor=4 = 8 devices per replica needs "
+                                                   r"at least 8 devices"):
+        make_plan(config(**{"model_parallel.tensor": 4, "model_parallel.stages": 2}), CPUS)
+
+
+def test_multi_worker_tensor_groups_use_the_first_local_devices():
+    workers = parse_tf_config(
+        '{"cluster": {"worker": ["h:1", "h:2"]}, "task": {"type": "worker", "index": 0}}'
+    )
+    plan = make_plan(config(**{"model_parallel.tensor": 2}), CPUS, workers)
+    assert plan.mesh.devices == tuple(CPUS[:2]) and plan.mesh.group_devices(0, 0) == tuple(
+        CPUS[:2])
+    assert plan.num_replicas == 2
+
+
 def test_mesh_refuses_devices_that_do_not_divide():
     with pytest.raises(RuntimeMismatchError, match="5 devices do not divide into stages=2"):
         DeviceMesh(tuple("abcde"), stages=2)
@@ -194,7 +233,8 @@ def test_multi_worker_stages_on_multi_gpu_workers_are_refused():
         make_plan(config(**{"model_parallel.stages": 2}), gpus, workers)
 
 
-@pytest.mark.parametrize("key", ["model_parallel.stages", "model_parallel.microbatches"])
+@pytest.mark.parametrize("key", ["model_parallel.stages", "model_parallel.microbatches",
+                                 "model_parallel.tensor"])
 def test_parameter_server_refuses_model_parallelism(key):
     ps = parse_tf_config(json.dumps({
         "cluster": {"chief": ["h:0"], "worker": ["h:1"], "ps": ["h:2"]},
