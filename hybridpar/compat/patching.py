@@ -6,7 +6,9 @@ Fixes belong to a group, and a group is installed while something holds it:
 - ``core``: while any strategy hybridpar built is alive;
 - ``stages``: while a strategy with ``model_parallel.stages > 1`` is alive;
 - ``stage_marks``: while a ``hybridpar.stage()`` block is open;
-- ``parameter_server``: while a parameter-server strategy hybridpar built is alive.
+- ``parameter_server``: while a parameter-server strategy hybridpar built is alive;
+- ``split_weights``: while a strategy whose weights may be stored in shards is
+  alive (parameter servers' partitioned variables, tensor-parallel groups).
 
 Every patched function asks first whether the object at hand belongs to
 hybridpar and otherwise calls the original with the same arguments, so code
@@ -35,7 +37,7 @@ from typing import Any
 
 logger = logging.getLogger("hybridpar")
 
-GROUPS = ("core", "stages", "stage_marks", "parameter_server")
+GROUPS = ("core", "stages", "stage_marks", "parameter_server", "split_weights")
 _MISSING = object()
 
 

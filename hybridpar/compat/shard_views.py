@@ -1,4 +1,4 @@
-"""Inside a parameter-server step, a sharded Keras variable is seen as one view per shard.
+"""Inside hybridpar's step, a Keras variable stored in shards is seen as one view per shard.
 
 Upstream (Keras 3.15 + TF 2.21): a Keras variable built under a
 ParameterServerStrategy with a ``variable_partitioner`` holds a
@@ -10,8 +10,10 @@ attribute 'handle'``; and the optimizer's slots, colocated with the whole
 list a ``ShardView`` per shard: the tape gets a real resource to
 differentiate and the optimizer one slot set per shard, placed on that
 shard's ps. The model's own ``train_step`` (also one a user overrides) runs
-unchanged inside. Installed only while a parameter-server strategy
-hybridpar built is alive.
+unchanged inside. A tensor-parallel weight (a Keras variable holding a
+``hybridpar.parallel.split_variable.SplitVariable``) is listed the same way,
+so its gradients and slots stay on the devices of its shards. Installed only
+while a strategy hybridpar built that stores weights in shards is alive.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ import keras
 from tensorflow.python.distribute import sharded_variable
 
 from hybridpar.compat.patching import Fix, Patch, register
+from hybridpar.parallel.split_variable import SplitVariable
 
 
 class ShardView(keras.Variable):
-    """A Keras variable over one shard of a ``ShardedVariable`` (no copy)."""
+    """A Keras variable over one shard of a ``ShardedVariable`` or ``SplitVariable`` (no copy)."""
 
     def __init__(self, shard: Any, parent: keras.Variable, index: int) -> None:
         self._shard = shard
@@ -56,11 +59,17 @@ def sharded(variable: Any) -> sharded_variable.ShardedVariable | None:
     return value if isinstance(value, sharded_variable.ShardedVariable) else None
 
 
+def stored_in_shards(variable: Any) -> sharded_variable.ShardedVariable | SplitVariable | None:
+    """The ``ShardedVariable`` or ``SplitVariable`` a Keras variable holds, or ``None``."""
+    value = getattr(variable, "_value", None)
+    return value if isinstance(value, (sharded_variable.ShardedVariable, SplitVariable)) else None
+
+
 def views_of(variables: list[Any]) -> list[Any]:
-    """``variables`` with each sharded Keras variable replaced by its shard views."""
+    """``variables`` with each Keras variable stored in shards replaced by its shard views."""
     result = []
     for variable in variables:
-        table = sharded(variable)
+        table = stored_in_shards(variable)
         if table is None:
             result.append(variable)
             continue
@@ -96,7 +105,7 @@ FIX = register(Fix(
     name="shard_views",
     corrects="tape.gradient against a sharded Keras variable fails ('no attribute handle') "
              "and its slots land unsharded on the chief",
-    group="parameter_server",
+    group="split_weights",
     patches=tuple(Patch(keras.layers.Layer, name, _as_shard_views)
                   for name in ("trainable_weights", "trainable_variables")),
 ))

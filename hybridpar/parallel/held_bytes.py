@@ -2,14 +2,17 @@
 
 A variable's storage is each of its eager ``tf.Variable`` components: a
 ``keras.Variable``'s value, every copy of a mirrored (or sync-on-read)
-variable on its own device. ``live_variables`` finds every stored variable
-the process holds (``gc`` over ``tf.Variable`` and ``keras.Variable``
-objects), so ``created`` counts what building and training made, e.g. ZeRO's
-sharded state against an unsharded optimizer's, with nothing left out.
+variable on its own device, every shard of a tensor-parallel weight
+(``split_variable.SplitVariable``) on its own devices. ``live_variables``
+finds every stored variable the process holds (``gc`` over ``tf.Variable``
+and ``keras.Variable`` objects), so ``created`` counts what building and
+training made, e.g. ZeRO's sharded state against an unsharded optimizer's,
+with nothing left out.
 
     before = held_bytes.snapshot()
     ...build, compile and fit a model...
     held_bytes.created(before, less=model.weights)  # {device: bytes}
+
 """
 
 from __future__ import annotations
@@ -21,13 +24,16 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from hybridpar.parallel.split_variable import SplitVariable
+
 
 def storage(variables: Iterable[Any]) -> list[tf.Variable]:
     """The eager component variables of ``variables``, each once, in order."""
     seen: dict[str, tf.Variable] = {}
     for variable in variables:
         value = variable.value if isinstance(variable, keras.Variable) else variable
-        for part in getattr(value, "values", [value]):
+        shards = value.variables if isinstance(value, SplitVariable) else [value]
+        for part in (p for shard in shards for p in getattr(shard, "values", [shard])):
             if isinstance(part, tf.Variable) and not getattr(part, "_in_graph_mode", False):
                 seen.setdefault(part._unique_id, part)
     return list(seen.values())

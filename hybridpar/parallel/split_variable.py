@@ -1,16 +1,17 @@
 """A weight stored as the shards of a tensor-parallel group, seen whole by Keras.
 
 A Keras variable whose weight a tensor-parallel layout splits holds a
-``SplitVariable`` as its value: one variable per device of the group, each
-the slice ``j`` of the logical tensor along ``axis`` (under a strategy, each
-shard is mirrored over that device of every replica). The Keras variable
-keeps its path and full shape, so ``model.weights``, ``get_weights``,
-``set_weights`` and ``.weights.h5`` files see the weight as one device
-would; a read joins the shards (``tf.concat`` of each shard's local value,
-so a gradient taken against the shards flows through it), and an assign
-splits the value. The optimizer and the tape work on the shards, one Keras
-variable each (``ShardView`` in ``hybridpar.compat.shard_views``), so the
-slots follow them onto their devices.
+``SplitVariable`` as its value (``split_in_place``, once the model is
+built): one variable per device of the group, each the slice ``j`` of the
+logical tensor along ``axis`` (under a strategy, each shard is mirrored over
+that device of every replica). The Keras variable keeps its path and full
+shape, so ``model.weights``, ``get_weights``, ``set_weights`` and
+``.weights.h5`` files see the weight as one device would; a read joins the
+shards (``tf.concat`` of each shard's local value, so a gradient taken
+against the shards flows through it), and an assign splits the value. The
+optimizer and the tape work on the shards, one Keras variable each
+(``ShardView`` in ``hybridpar.compat.shard_views``), so the slots follow
+them onto their devices.
 """
 
 from __future__ import annotations
@@ -81,26 +82,40 @@ def _as_tensor(variable: SplitVariable, dtype: Any = None, name: str | None = No
 tensor_conversion_registry.register_tensor_conversion_function(SplitVariable, _as_tensor)
 
 
-def create_split(next_creator: Callable[..., Any], kwargs: dict[str, Any], axis: int,
-                 colocations: Sequence[Any]) -> SplitVariable:
-    """Creates the shards of a variable the strategy was asked for, one per group device.
+def _colocated_with(target: Any) -> Callable[..., Any]:
+    """A variable creator that gives the strategy ``target`` as ``colocate_with``."""
+    def creator(next_creator: Callable[..., Any], **kwargs: Any) -> Any:
+        return next_creator(**{**kwargs, "colocate_with": target})
 
-    The logical initial value is computed once, as on one device (the same
-    initializer and seed give the same weights), and sliced.
+    return creator
+
+
+def split_in_place(variable: Any, axis: int, colocations: Sequence[Any]) -> SplitVariable:
+    """Stores a built Keras variable as shards, one per device of the group, same value.
+
+    The current value is sliced along ``axis``; slice ``j`` becomes a variable
+    created by the running strategy with ``colocations[j]`` as its
+    ``colocate_with`` (so under a mirrored strategy it is mirrored over shard
+    ``j``'s device of every replica), and the Keras variable's value becomes
+    their ``SplitVariable``. The old variable is released.
 
     Args:
-        next_creator: the strategy's variable creator.
-        kwargs: the arguments of the variable being created.
+        variable: a Keras variable (its path and shape stay).
         axis: the axis to split.
-        colocations: per shard, the ``colocate_with`` target that puts it on
-            its device of every replica.
+        colocations: per shard, the ``colocate_with`` target of its device(s).
+
+    Returns:
+        The ``SplitVariable`` now held by ``variable``.
     """
-    initial = kwargs["initial_value"]
+    old = variable._value
     with tf.init_scope():
-        full = tf.convert_to_tensor(initial() if callable(initial) else initial)
-    pieces = tf.split(full, len(colocations), axis)
-    shards = [next_creator(**{**kwargs, "initial_value": piece,
-                              "name": f"{kwargs.get('name') or 'Variable'}_shard{index}",
-                              "colocate_with": colocation})
-              for index, (piece, colocation) in enumerate(zip(pieces, colocations, strict=True))]
-    return SplitVariable(shards, axis, kwargs.get("name") or "Variable")
+        pieces = tf.split(tf.identity(old.read_value()), len(colocations), axis)
+        shards = []
+        for index, (piece, colocation) in enumerate(zip(pieces, colocations, strict=True)):
+            with tf.variable_creator_scope(_colocated_with(colocation)):
+                shards.append(tf.Variable(
+                    piece, trainable=old.trainable, name=f"{variable.name}_shard{index}",
+                    aggregation=old.aggregation, synchronization=old.synchronization))
+    split = SplitVariable(shards, axis, variable.name)
+    variable._value = split
+    return split

@@ -65,8 +65,9 @@ class StagePlacer:
         stage = self.rules.resolve(path)
         return 0 if stage is None else stage
 
-    def device_for(self, stage: int) -> str | None:
-        """Stage ``stage``'s device in the replica running now (``None`` outside one).
+    def device_for(self, stage: int, shard: int = 0) -> str | None:
+        """The device of ``shard`` of ``stage`` in the replica running now (``None``
+        outside one; shard 0 is the stage's leader).
 
         Replicas are numbered worker-major across a cluster, so the local
         replica is the global id modulo this worker's replicas.
@@ -77,15 +78,16 @@ class StagePlacer:
         replica = tf.get_static_value(context.replica_id_in_sync_group)
         if replica is None:
             return None
-        return self.mesh.device(int(replica) % self.mesh.replicas, stage)
+        return self.mesh.device(int(replica) % self.mesh.replicas, stage, shard)
 
-    def colocation(self, stage: int) -> Any:
-        """The ``colocate_with`` target that makes a variable of ``stage``'s devices.
+    def colocation(self, stage: int, shard: int = 0) -> Any:
+        """The ``colocate_with`` target that makes a variable of ``stage``'s devices
+        (of its tensor-parallel ``shard``'s devices; shard 0: the leaders).
 
         MirroredStrategy mirrors a variable over the ``_devices`` of such an
         object; a ``numpy_dataset.SingleDevice`` makes a plain variable there.
         """
-        devices = self.mesh.stage_devices(stage)
+        devices = self.mesh.shard_devices(stage, shard)
         return OnDevices(devices) if self.mirrored else numpy_dataset.SingleDevice(devices[0])
 
 

@@ -55,6 +55,8 @@ def build_strategy(state: StrategyState) -> tf.distribute.Strategy:
         hold("stages", strategy)
     if state.mode == "parameter_server":
         hold("parameter_server", strategy)
+    if state.mode == "parameter_server" or state.plan.mesh.tensor > 1:
+        hold("split_weights", strategy)
     if state.is_evaluator:
         state.runner = EvaluatorRunner(state)
     training = state.plan.cluster_mode

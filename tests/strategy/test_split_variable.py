@@ -14,10 +14,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from keras.src.backend.common import global_state
 
 from hybridpar.compat.shard_views import ShardView
-from hybridpar.parallel.split_variable import SplitVariable, create_split
+from hybridpar.parallel.split_variable import SplitVariable, split_in_place
 from hybridpar.parallel.staging import OnDevices
 
 pytestmark = pytest.mark.strategy
@@ -27,13 +26,13 @@ SHARDS = (("/device:CPU:0", "/device:CPU:2"), ("/device:CPU:1", "/device:CPU:3")
 LAYOUT = {"up/kernel": 1, "up/bias": 0, "down/kernel": 0}
 
 
-def split_creator(next_creator, **kwargs):
-    stack = global_state.get_global_attribute("name_scope_stack") or []
-    path = "/".join([entry.name for entry in stack] + [kwargs["name"]])
-    axis = next((a for suffix, a in LAYOUT.items() if path.endswith(suffix)), None)
-    if axis is None:
-        return next_creator(**kwargs)
-    return create_split(next_creator, kwargs, axis, [OnDevices(d) for d in SHARDS])
+def split(model):
+    """Stores the weights LAYOUT names as shards on SHARDS (what tensor_split does)."""
+    for variable in model.weights:
+        axis = next((a for suffix, a in LAYOUT.items() if variable.path.endswith(suffix)), None)
+        if axis is not None:
+            split_in_place(variable, axis, [OnDevices(d) for d in SHARDS])
+    return model
 
 
 class ShardTrained(keras.Sequential):
@@ -74,11 +73,10 @@ def trained():
     x, y = data()
     single = build(keras.Sequential)
     single.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
-    with tf.distribute.MirroredStrategy(REPLICAS).scope(), tf.variable_creator_scope(
-            split_creator):
-        split = build(ShardTrained)
-    split.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
-    return single, split
+    with tf.distribute.MirroredStrategy(REPLICAS).scope():
+        split_model = split(build(ShardTrained))
+    split_model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    return single, split_model
 
 
 def devices(variable) -> list[str]:
