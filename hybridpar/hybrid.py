@@ -22,6 +22,7 @@ from hybridpar import report
 from hybridpar.compat import check_versions, holding
 from hybridpar.config import StrategyConfig
 from hybridpar.errors import ConfigError
+from hybridpar.parallel import auto_placement, tensor_split
 from hybridpar.parallel import compression as compression_lib
 from hybridpar.parallel import zero as zero_lib
 from hybridpar.parallel.staging import StagePlacer
@@ -103,8 +104,11 @@ class HybridStrategy:
 
         Raises:
             ConfigError: for a placement rule that matches no layer, a layer
-                matched by two rules, or a stage index out of range.
+                matched by two rules, or a stage index out of range; and for a
+                tensor-parallel layout that does not fit the model.
         """
+        auto_placement.ensure_placed(model, self.state.placer)
+        tensor_split.ensure_split(model, self.state)
         return report.describe(model, self.state.placer)
 
     def callbacks(self) -> list[Any]:

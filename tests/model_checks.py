@@ -104,6 +104,27 @@ def tiny_keras_hub(cls: str) -> keras.Model:
         max_sequence_length=8, dropout=0.0)
 
 
+def causal_lm(cls: str, **sizes: Any) -> keras.Model:
+    """A keras_hub backbone ``cls`` from a tiny config with its token embedding's reverse as
+    the output layer (tied for GPT-2, untied for Llama), compiled with per-token
+    cross-entropy and Adam (skips without keras_hub)."""
+    import pytest
+
+    keras_hub = pytest.importorskip("keras_hub", reason="keras_hub is not installed in the venv")
+    heads = ({"num_query_heads": 4, "num_key_value_heads": 2} if cls == "LlamaBackbone"
+             else {"num_heads": 4, "max_sequence_length": 8, "dropout": 0.0})
+    backbone = getattr(keras_hub.models, cls)(
+        **{"vocabulary_size": 64, "num_layers": 2, "hidden_dim": 16, "intermediate_dim": 32,
+           **heads, **sizes})
+    inputs = {"token_ids": keras.Input((8,), dtype="int32", name="token_ids"),
+              "padding_mask": keras.Input((8,), dtype="bool", name="padding_mask")}
+    logits = backbone.token_embedding(backbone(inputs), reverse=True)
+    model = keras.Model(inputs, logits)
+    model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
 def token_batch(examples: int, vocabulary: int = 50, length: int = 8) -> tuple[dict, np.ndarray]:
     """``examples`` random token sequences as keras_hub inputs, and the token ids."""
     rng = np.random.default_rng(0)

@@ -18,20 +18,25 @@ is refused there, before the first step, instead of failing in one
 replica's graph. It is also the last point before the symbolic build builds
 the optimizer, so a built model under ``model_parallel.placement: auto`` is
 cut into its stages here (``hybridpar.parallel.auto_placement``), its
-profile run on one microbatch of the replica batch the spec shows.
+profile run on one microbatch of the replica batch the spec shows, and a
+model under ``model_parallel.tensor > 1`` has its weights split over the
+groups (``hybridpar.parallel.tensor_split``); the optimizer is then built on
+the shards (``compat.shard_views``).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import tensorflow as tf
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from hybridpar.compat.patching import Fix, register
+from hybridpar.compat.shard_views import shard_views
 from hybridpar.data import balanced
 from hybridpar.errors import ConfigError
-from hybridpar.parallel import auto_placement
+from hybridpar.parallel import auto_placement, tensor_split
 from hybridpar.state import StrategyState
 
 
@@ -102,7 +107,8 @@ def build_from_spec(model: Any, dataset: Any, state: StrategyState) -> None:
     check_fixed_batch(model, specs, state)
     if all(layer.built for layer in model._flatten_layers()):
         auto_placement.ensure_placed(model, state.placer, _microbatch(specs, state))
-    with model.distribute_strategy.scope():
+    split = tensor_split.ensure_split(model, state) is not None
+    with model.distribute_strategy.scope(), shard_views(model) if split else nullcontext():
         model._symbolic_build(data_batch=specs)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from hybridpar.compat import (
@@ -29,6 +30,7 @@ from hybridpar.compat import (
     symbolic_build,
     unbatched_input,
 )
+from hybridpar.compat.shard_views import shard_views
 from hybridpar.parallel import pipeline
 from hybridpar.state import Runner, StrategyState
 
@@ -125,7 +127,8 @@ class Trainer:
         piece by hybridpar, else Keras's."""
         state = self.state
         keep = replica_share.current_keep()
-        with end_of_data_step.after_batch(data):
+        split = state.plan.mesh.tensor > 1
+        with end_of_data_step.after_batch(data), shard_views(model) if split else nullcontext():
             if state.microbatches == 1 and keep is None:
                 return keras_train_step(model, data)
             return pipeline.train_step(

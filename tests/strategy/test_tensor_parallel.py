@@ -1,0 +1,107 @@
+"""``model_parallel.tensor: 2`` through ``hybridpar.scope`` and plain ``model.fit``.
+
+keras_hub GPT-2 (tied vocabulary) and Llama (grouped heads, untied output) built from
+tiny configs, with no layout rule written: once built, their attention heads, MLP
+columns/rows and vocabulary are stored as shards on each group's 2 devices (4 logical
+CPUs: 2 replicas x 2 shards, or one replica on 2 devices under mode ``none``), the
+optimizer keeps one slot set per shard, and training reaches one device's weights.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from model_checks import causal_lm, max_weight_difference, token_batch
+
+import hybridpar
+from hybridpar.errors import ConfigError
+from hybridpar.parallel.split_variable import SplitVariable
+
+pytestmark = pytest.mark.strategy
+
+EXAMPLES = 36  # the last batch of 8 has 4 examples: 2 per replica
+
+
+def train(config: dict, cls: str):
+    keras.utils.set_random_seed(5)
+    with hybridpar.scope(config):
+        model = causal_lm(cls)
+    x, ids = token_batch(EXAMPLES, vocabulary=64)
+    history = model.fit(x, np.roll(ids, -1, axis=1), batch_size=8, epochs=2, shuffle=False,
+                        verbose=0)
+    return model, history.history["loss"]
+
+
+def devices(variable) -> list[str]:
+    return [tf.DeviceSpec.from_string(c.device).to_string().split("device:")[-1]
+            for c in getattr(variable, "values", [variable])]
+
+
+@pytest.fixture(scope="module", params=["GPT2Backbone", "LlamaBackbone"])
+def single(request):
+    return request.param, train({"data_parallel": {"mode": "none"}}, request.param)
+
+
+@pytest.mark.parametrize("mode, shard_devices", [
+    ("mirrored", [["CPU:0", "CPU:2"], ["CPU:1", "CPU:3"]]),
+    ("none", [["CPU:0"], ["CPU:1"]]),
+])
+def test_fit_trains_the_shards_to_one_devices_weights(single, mode, shard_devices):
+    cls, (expected, expected_loss) = single
+    model, loss = train({"data_parallel": {"mode": mode}, "model_parallel": {"tensor": 2}}, cls)
+    split = {v.path: v._value for v in model.weights if isinstance(v._value, SplitVariable)}
+    ffn = next(v for p, v in split.items() if p.endswith("feedforward_intermediate_dense/kernel"))
+    assert [devices(shard) for shard in ffn.variables] == shard_devices
+    assert ffn.shape == (16, 32) and [tuple(s.shape) for s in ffn.variables] == [(16, 16)] * 2
+    assert "token_embedding/embeddings" in split
+    slots = [v for v in model.optimizer.variables if "_shard" in v.path]
+    assert len(slots) == 2 * 2 * len(split)  # momentum and velocity of every shard
+    assert max_weight_difference(expected.get_weights(), model.get_weights()) <= 1e-5
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+
+
+def test_describe_counts_each_shard_on_its_device():
+    keras.utils.set_random_seed(5)
+    with hybridpar.scope({"model_parallel": {"tensor": 2}}) as hs:
+        model = causal_lm("GPT2Backbone")
+        report = hs.describe(model)
+    whole = sum(int(np.prod(w.shape)) * 4 for w in model.weights)
+    plan = model._hybridpar_tensor_plan
+    assert report.weight_bytes["/device:CPU:1"] == plan.split_bytes // 2
+    assert report.weight_bytes["/device:CPU:0"] == plan.split_bytes // 2 + plan.whole_bytes
+    assert plan.split_bytes + plan.whole_bytes == whole and plan.memory_ratio < 0.75
+
+
+def test_a_size_the_key_value_heads_do_not_divide_fails_before_training():
+    keras.utils.set_random_seed(5)
+    with hybridpar.scope({"data_parallel": {"mode": "none"},
+                          "model_parallel": {"tensor": 4}}):
+        model = causal_lm("LlamaBackbone")
+    x, ids = token_batch(8, vocabulary=64)
+    with pytest.raises(ConfigError, match=r"tensor=4 does not divide the attention heads of "
+                                          r"'.*key/kernel'.*has 2"):
+        model.fit(x, ids, batch_size=8, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+def test_a_model_with_nothing_to_split_is_refused():
+    with hybridpar.scope({"model_parallel": {"tensor": 2}}) as hs:
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+        with pytest.raises(ConfigError, match=r"found no weight .* to split.*'sequential/dense/kernel'"):
+            hs.describe(model)
+
+
+def test_a_rule_that_matches_nothing_is_refused():
+    rules = {"model_parallel": {"tensor": 2, "tensor_layout": {"no_such_layer": 1}}}
+    with hybridpar.scope(rules) as hs:
+        model = causal_lm("GPT2Backbone")
+        with pytest.raises(ConfigError, match="rule 'no_such_layer' matches no variable"):
+            hs.describe(model)
+
+
+def test_an_optimizer_built_before_the_split_is_refused():
+    with hybridpar.scope({"model_parallel": {"tensor": 2}}) as hs:
+        model = causal_lm("GPT2Backbone")
+        model.optimizer.build(model.trainable_variables)
+        with pytest.raises(ConfigError, match="before its optimizer is built"):
+            hs.describe(model)
