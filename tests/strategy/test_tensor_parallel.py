@@ -87,7 +87,8 @@ def test_a_size_the_key_value_heads_do_not_divide_fails_before_training():
 def test_a_model_with_nothing_to_split_is_refused():
     with hybridpar.scope({"model_parallel": {"tensor": 2}}) as hs:
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
-        with pytest.raises(ConfigError, match=r"found no weight .* to split.*'sequential/dense/kernel'"):
+        expected = r"found no weight .* to split.*'sequential/dense/kernel'"
+        with pytest.raises(ConfigError, match=expected):
             hs.describe(model)
 
 
