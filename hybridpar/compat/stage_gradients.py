@@ -8,9 +8,11 @@ a model-parallel layer would run on the replica's first device. The tape
 hands each gradient function the forward op's name scope; for ops recorded
 inside a ``hybridpar_stage<k>`` scope (``stage_calls``) under a hybridpar
 strategy, the gradient is built under ``tf.device`` of stage ``k`` in the
-running replica. The function is registered with TensorFlow's C++ tape when
-installed and the original is registered again when removed. Installed only
-while a strategy with ``model_parallel.stages > 1`` is alive.
+running replica; inside a ``hybridpar_stage<k>_shard<t>`` scope (the split
+compute of ``hybridpar.parallel.tensor_calls``), on shard ``t``'s device of
+it. The function is registered with TensorFlow's C++ tape when installed
+and the original is registered again when removed. Installed only while a
+strategy with ``model_parallel.stages > 1`` or ``tensor > 1`` is alive.
 
 This fix owns the one patch of ``_gradient_function``, which also carries
 ``weight_gradient_split`` (the same group): for each op, first the split
@@ -34,7 +36,7 @@ from tensorflow.python.framework import ops
 
 from hybridpar.compat import weight_gradient_split
 from hybridpar.compat.patching import Fix, Patch, compose, register
-from hybridpar.parallel.staging import STAGE_SCOPE_RE
+from hybridpar.parallel.staging import SHARD_SCOPE_RE, STAGE_SCOPE_RE
 from hybridpar.state import state_of
 
 
@@ -44,9 +46,11 @@ def _on_forward_device(original: Any) -> Any:
                           skip_input_indices, forward_pass_name_scope):
         arguments = (op_name, attr_tuple, num_inputs, inputs, outputs, out_grads,
                      skip_input_indices, forward_pass_name_scope)
-        marker = STAGE_SCOPE_RE.search(forward_pass_name_scope or "")
+        scope = forward_pass_name_scope or ""
+        marker = SHARD_SCOPE_RE.search(scope) or STAGE_SCOPE_RE.search(scope)
         state = state_of(tf.distribute.get_strategy()) if marker else None
-        device = state.placer.device_for(int(marker[1])) if state is not None else None
+        device = (state.placer.device_for(*(int(index) for index in marker.groups()))
+                  if state is not None else None)
         if device is None:
             return original(*arguments)
         with ops.device(device):

@@ -27,11 +27,17 @@ from hybridpar.topology.mesh import DeviceMesh
 from hybridpar.topology.placement import PathEntry, PlacementRules, path_entry
 
 STAGE_SCOPE_RE = re.compile(r"hybridpar_stage(\d+)")
+SHARD_SCOPE_RE = re.compile(r"hybridpar_stage(\d+)_shard(\d+)")
 
 
 def stage_scope_name(stage: int) -> str:
     """The TF name scope that marks ops of ``stage`` (read back for gradients)."""
     return f"hybridpar_stage{stage}"
+
+
+def shard_scope_name(stage: int, shard: int) -> str:
+    """The TF name scope that marks ops of tensor-parallel ``shard`` of ``stage``."""
+    return f"hybridpar_stage{stage}_shard{shard}"
 
 
 class StagePlacer:

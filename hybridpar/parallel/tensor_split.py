@@ -9,7 +9,8 @@ the model is complete (``hs.describe(model)`` or the first
 each weight it names is stored as shards (``split_variable.split_in_place``):
 shard ``t`` on device ``t`` of its stage's group, in every replica. The
 optimizer, built afterwards on the shards (``compat.shard_views``), keeps one
-slot set per shard on the same devices.
+slot set per shard on the same devices. The split layers then compute on
+their shards (``tensor_calls``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import tensorflow as tf
 
 from hybridpar.errors import ConfigError
+from hybridpar.parallel import tensor_calls
 from hybridpar.parallel.split_variable import SplitVariable, split_in_place
 from hybridpar.parallel.tensor_weights import weight_infos
 from hybridpar.state import StrategyState
@@ -148,7 +150,12 @@ def ensure_split(model: Any, state: StrategyState) -> TensorPlan | None:
     _check_splittable(model, state.plan.mesh.tensor)
     plan = plan_split(model, state)
     apply(plan, model, state)
+    mesh = state.plan.mesh
+    calls = tensor_calls.install(
+        model, lambda layer: stage_of_variable(layer._kernel._value.variables[0], mesh),
+        mesh.tensor)
     object.__setattr__(model, "_hybridpar_tensor_plan", plan)
-    logger.info("tensor parallel: %d weights split over %d devices; parameter bytes per "
-                "device %.3f of the model's", len(plan.splits), plan.size, plan.memory_ratio)
+    logger.info("tensor parallel: %d weights split over %d devices, %d layer calls split; "
+                "parameter bytes per device %.3f of the model's", len(plan.splits), plan.size,
+                calls, plan.memory_ratio)
     return plan

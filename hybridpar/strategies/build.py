@@ -51,7 +51,7 @@ def build_strategy(state: StrategyState) -> tf.distribute.Strategy:
     state.trainer = Trainer(state)
     strategy = BUILDERS[state.mode](state)
     hold("core", strategy)
-    if state.stages > 1:
+    if state.stages > 1 or state.plan.mesh.tensor > 1:
         hold("stages", strategy)
     if state.mode == "parameter_server":
         hold("parameter_server", strategy)
