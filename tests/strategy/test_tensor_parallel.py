@@ -56,6 +56,10 @@ def test_fit_trains_the_shards_to_one_devices_weights(single, mode, shard_device
     assert "token_embedding/embeddings" in split
     slots = [v for v in model.optimizer.variables if "_shard" in v.path]
     assert len(slots) == 2 * 2 * len(split)  # momentum and velocity of every shard
+    split_calls = [layer.name for layer in model._flatten_layers()
+                   if {"call", "_compute_attention"} & set(vars(layer))]
+    per_block = {"GPT2Backbone": 7, "LlamaBackbone": 8}[cls]  # q, k, v, out, attention, MLP
+    assert len(split_calls) == 2 * per_block and split_calls.count("self_attention") == 2
     assert max_weight_difference(expected.get_weights(), model.get_weights()) <= 1e-5
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
 
