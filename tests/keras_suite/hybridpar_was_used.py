@@ -28,6 +28,7 @@ def pytest_configure(config):
         model.compile("adam", "mse")
     model.fit(np.ones((8, 4)), np.ones((8, 1)), batch_size=8, epochs=1, verbose=0)
     _kept.enter_context(compat.holding("parameter_server"))
+    _kept.enter_context(compat.holding("split_weights"))
     _kept.callback(lambda kept=(hs, model): kept)
     installed = sorted(fix.name for fix in compat.installed())
     config.stash_hybridpar_fixes = installed

@@ -61,7 +61,7 @@ result["staged_alive"] = replaced()
 del hs, model
 gc.collect()
 result["after_gc"] = replaced()
-with compat.holding("parameter_server"):
+with compat.holding("parameter_server"), compat.holding("split_weights"):
     hs, model = staged_fit()
     with hybridpar.stage(1):
         result["everything_held"] = replaced()

@@ -32,7 +32,7 @@ def run_upstream(case: str) -> dict:
 
 @pytest.fixture(autouse=True)
 def fixes_installed():
-    with compat.holding("parameter_server"):
+    with compat.holding("parameter_server"), compat.holding("split_weights"):
         yield
 
 
