@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from hybridpar.errors import ConfigError
 from hybridpar.parallel import layer_costs, layer_profile
-from hybridpar.parallel.staging import StagePlacer
+from hybridpar.parallel.staging import StagePlacer, require_built
 from hybridpar.topology import partition as partition_lib
 
 logger = logging.getLogger("hybridpar")
@@ -161,13 +161,7 @@ def ensure_placed(model: Any, placer: StagePlacer, batch: int = 16) -> StagePlan
     done = getattr(model, "_hybridpar_stage_plan", None)
     if done is not None:
         return done
-    unbuilt = [layer.name for layer in model._flatten_layers() if not layer.built]
-    if unbuilt:
-        raise ConfigError(
-            f"model_parallel.placement 'auto' reads the built model, but layer(s) "
-            f"{', '.join(unbuilt[:8])} of {model.name!r} are not built. Build the model "
-            "(keras.Input, or model.build(input_shape)) inside the scope before fit."
-        )
+    require_built(model, "model_parallel.placement 'auto'")
     plan = plan_stages(model, placer, placer.auto, batch, placer.memory_limit)
     apply(plan, model, placer)
     object.__setattr__(model, "_hybridpar_stage_plan", plan)

@@ -23,6 +23,7 @@ import tensorflow as tf
 from keras.src.backend.common import global_state
 from tensorflow.python.distribute import numpy_dataset
 
+from hybridpar.errors import ConfigError
 from hybridpar.topology.mesh import DeviceMesh
 from hybridpar.topology.placement import PathEntry, PlacementRules, path_entry
 
@@ -134,3 +135,14 @@ def model_layer_paths(model: keras.Model) -> list[tuple[Any, tuple[PathEntry, ..
     for layer in getattr(model, "_layers", []):
         visit(layer, ())
     return found
+
+
+def require_built(model: keras.Model, option: str) -> None:
+    """Raises a ConfigError naming ``option`` when a layer of ``model`` is not built."""
+    unbuilt = [layer.name for layer in model._flatten_layers() if not layer.built]
+    if unbuilt:
+        raise ConfigError(
+            f"{option} reads the built model, but layer(s) {', '.join(unbuilt[:8])} of "
+            f"{model.name!r} are not built. Build the model (keras.Input, or "
+            "model.build(input_shape)) inside the scope before fit."
+        )

@@ -95,6 +95,12 @@ def on_shard(state: Any, stage: int, shard: int) -> Iterator[None]:
         yield
 
 
+def _running_state(stage: int) -> Any:
+    """The hybridpar state when a replica of its strategy runs ``stage`` now, else ``None``."""
+    state = state_of(tf.distribute.get_strategy())
+    return None if state is None or state.placer.device_for(stage) is None else state
+
+
 def _shards(variable: Any, dtype: Any) -> list[tf.Tensor] | None:
     value = getattr(variable, "_value", None)
     if not isinstance(value, SplitVariable):
@@ -173,8 +179,8 @@ def _activated(layer: Any, value: tf.Tensor) -> tf.Tensor:
 def _column_call(layer: Any, split: Kernel, stage: int, original: Any) -> Any:
     @functools.wraps(original)
     def call(inputs, *args, **kwargs):
-        state = state_of(tf.distribute.get_strategy())
-        if state is None or state.placer.device_for(stage) is None:
+        state = _running_state(stage)
+        if state is None:
             return original(inputs, *args, **kwargs)
         kernels = _shards(layer._kernel, layer.compute_dtype)
         biases = (_shards(layer.bias, layer.compute_dtype) if layer.bias is not None
@@ -192,8 +198,8 @@ def _column_call(layer: Any, split: Kernel, stage: int, original: Any) -> Any:
 def _row_call(layer: Any, split: Kernel, stage: int, original: Any) -> Any:
     @functools.wraps(original)
     def call(inputs, *args, **kwargs):
-        state = state_of(tf.distribute.get_strategy())
-        if state is None or state.placer.device_for(stage) is None:
+        state = _running_state(stage)
+        if state is None:
             return original(inputs, *args, **kwargs)
         kernels = _shards(layer._kernel, layer.compute_dtype)
         pieces = slices_of(inputs, split.axis, len(kernels))
@@ -214,13 +220,13 @@ def _attention_call(stage: int, size: int, original: Any) -> Any:
 
     @functools.wraps(original)
     def compute_attention(*args, **kwargs):
-        state = state_of(tf.distribute.get_strategy())
+        state = _running_state(stage)
         bound = signature.bind(*args, **kwargs)
         tensors = [bound.arguments.get(name) for name in ("query", "key", "value")]
         table = _recorded()
         found = [table.get(tf.convert_to_tensor(t).ref()) if table is not None and t is not None
                  else None for t in tensors]
-        if (state is None or state.placer.device_for(stage) is None or None in found
+        if (state is None or None in found
                 or len({(f.axis, len(f.parts)) for f in found}) != 1
                 or found[0].parts[0].shape.rank != 4 or len(found[0].parts) != size):
             return original(*args, **kwargs)

@@ -25,6 +25,7 @@ import tensorflow as tf
 from hybridpar.errors import ConfigError
 from hybridpar.parallel import tensor_calls
 from hybridpar.parallel.split_variable import SplitVariable, split_in_place
+from hybridpar.parallel.staging import require_built
 from hybridpar.parallel.tensor_weights import weight_infos
 from hybridpar.state import StrategyState
 from hybridpar.topology.mesh import DeviceMesh
@@ -75,13 +76,7 @@ def stage_of_variable(value: Any, mesh: DeviceMesh) -> int:
 
 
 def _check_splittable(model: Any, size: int) -> None:
-    unbuilt = [layer.name for layer in model._flatten_layers() if not layer.built]
-    if unbuilt:
-        raise ConfigError(
-            f"model_parallel.tensor={size} splits the built model's weights, but layer(s) "
-            f"{', '.join(unbuilt[:8])} of {model.name!r} are not built. Build the model "
-            "(keras.Input, or model.build(input_shape)) inside the scope before fit."
-        )
+    require_built(model, f"model_parallel.tensor={size}")
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and getattr(optimizer, "built", False):
         raise ConfigError(

@@ -15,6 +15,7 @@ from model_checks import causal_lm, max_weight_difference, token_batch
 
 import hybridpar
 from hybridpar.errors import ConfigError
+from hybridpar.parallel import tensor_calls
 from hybridpar.parallel.split_variable import SplitVariable
 
 pytestmark = pytest.mark.strategy
@@ -64,6 +65,25 @@ def test_fit_trains_the_shards_to_one_devices_weights(single, mode, shard_device
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
 
 
+def test_evaluate_and_predict_match_one_device_with_a_last_batch_under_the_replicas(single):
+    cls, (expected, _) = single
+    model, _ = train({"data_parallel": {"mode": "mirrored"}, "model_parallel": {"tensor": 2}},
+                     cls)
+    x, ids = token_batch(33, vocabulary=64)  # the last batch of 8 holds 1 example, 2 replicas
+    labels = np.roll(ids, -1, axis=1)
+    np.testing.assert_allclose(model.evaluate(x, labels, batch_size=8, verbose=0),
+                               expected.evaluate(x, labels, batch_size=8, verbose=0), rtol=1e-5)
+    predicted = model.predict(x, batch_size=8, verbose=0)
+    assert predicted.shape == (33, 8, 64)
+    np.testing.assert_allclose(predicted, expected.predict(x, batch_size=8, verbose=0),
+                               rtol=1e-4, atol=1e-5)
+    tensor_calls.uninstall(model)  # the layers read their split weights whole again
+    assert not any({"call", "_compute_attention"} & set(vars(layer))
+                   for layer in model._flatten_layers())
+    np.testing.assert_allclose(model.predict(x, batch_size=8, verbose=0), predicted,
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_describe_counts_each_shard_on_its_device():
     keras.utils.set_random_seed(5)
     with hybridpar.scope({"model_parallel": {"tensor": 2}}) as hs:
@@ -109,4 +129,13 @@ def test_an_optimizer_built_before_the_split_is_refused():
         model = causal_lm("GPT2Backbone")
         model.optimizer.build(model.trainable_variables)
         with pytest.raises(ConfigError, match="before its optimizer is built"):
+            hs.describe(model)
+
+
+def test_a_model_not_built_is_refused():
+    with hybridpar.scope({"model_parallel": {"tensor": 2}}) as hs:
+        model = keras.Sequential([keras.layers.Dense(8, name="up"),
+                                  keras.layers.Dense(4, name="down")])
+        with pytest.raises(ConfigError, match=r"tensor=2 reads the built model, but layer\(s\) "
+                                              r".*up, down of .* are not built"):
             hs.describe(model)
