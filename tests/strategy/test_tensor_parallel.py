@@ -110,8 +110,9 @@ def test_a_size_the_key_value_heads_do_not_divide_fails_before_training():
 
 def test_a_model_with_nothing_to_split_is_refused():
     with hybridpar.scope({"model_parallel": {"tensor": 2}}) as hs:
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
-        expected = r"found no weight .* to split.*'sequential/dense/kernel'"
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="head")],
+                                 name="tiny")
+        expected = r"found no weight of model 'tiny' to split.*'tiny/head/kernel'"
         with pytest.raises(ConfigError, match=expected):
             hs.describe(model)
 
