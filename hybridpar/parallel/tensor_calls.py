@@ -95,13 +95,14 @@ def on_shard(state: Any, stage: int, shard: int) -> Iterator[None]:
         yield
 
 
-def _running_state(stage: int) -> Any:
+def running_state(stage: int) -> Any:
     """The hybridpar state when a replica of its strategy runs ``stage`` now, else ``None``."""
     state = state_of(tf.distribute.get_strategy())
     return None if state is None or state.placer.device_for(stage) is None else state
 
 
-def _shards(variable: Any, dtype: Any) -> list[tf.Tensor] | None:
+def shard_reads(variable: Any, dtype: Any) -> list[tf.Tensor] | None:
+    """The shards of a split Keras variable read in ``dtype`` (``None`` if it is whole)."""
     value = getattr(variable, "_value", None)
     if not isinstance(value, SplitVariable):
         return None
@@ -179,11 +180,11 @@ def _activated(layer: Any, value: tf.Tensor) -> tf.Tensor:
 def _column_call(layer: Any, split: Kernel, stage: int, original: Any) -> Any:
     @functools.wraps(original)
     def call(inputs, *args, **kwargs):
-        state = _running_state(stage)
+        state = running_state(stage)
         if state is None:
             return original(inputs, *args, **kwargs)
-        kernels = _shards(layer._kernel, layer.compute_dtype)
-        biases = (_shards(layer.bias, layer.compute_dtype) if layer.bias is not None
+        kernels = shard_reads(layer._kernel, layer.compute_dtype)
+        biases = (shard_reads(layer.bias, layer.compute_dtype) if layer.bias is not None
                   else [None] * len(kernels))
         parts = []
         for shard, (kernel, bias) in enumerate(zip(kernels, biases, strict=True)):
@@ -198,10 +199,10 @@ def _column_call(layer: Any, split: Kernel, stage: int, original: Any) -> Any:
 def _row_call(layer: Any, split: Kernel, stage: int, original: Any) -> Any:
     @functools.wraps(original)
     def call(inputs, *args, **kwargs):
-        state = _running_state(stage)
+        state = running_state(stage)
         if state is None:
             return original(inputs, *args, **kwargs)
-        kernels = _shards(layer._kernel, layer.compute_dtype)
+        kernels = shard_reads(layer._kernel, layer.compute_dtype)
         pieces = slices_of(inputs, split.axis, len(kernels))
         partial = []
         for shard, (piece, kernel) in enumerate(zip(pieces, kernels, strict=True)):
@@ -220,7 +221,7 @@ def _attention_call(stage: int, size: int, original: Any) -> Any:
 
     @functools.wraps(original)
     def compute_attention(*args, **kwargs):
-        state = _running_state(stage)
+        state = running_state(stage)
         bound = signature.bind(*args, **kwargs)
         tensors = [bound.arguments.get(name) for name in ("query", "key", "value")]
         table = _recorded()

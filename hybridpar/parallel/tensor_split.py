@@ -23,7 +23,7 @@ from typing import Any
 import tensorflow as tf
 
 from hybridpar.errors import ConfigError
-from hybridpar.parallel import tensor_calls
+from hybridpar.parallel import tensor_calls, tensor_embedding
 from hybridpar.parallel.split_variable import SplitVariable, split_in_place
 from hybridpar.parallel.staging import require_built
 from hybridpar.parallel.tensor_weights import weight_infos
@@ -149,6 +149,7 @@ def ensure_split(model: Any, state: StrategyState) -> TensorPlan | None:
     calls = tensor_calls.install(
         model, lambda layer: stage_of_variable(layer._kernel._value.variables[0], mesh),
         mesh.tensor)
+    calls += tensor_embedding.install(model, lambda shard: stage_of_variable(shard, mesh))
     object.__setattr__(model, "_hybridpar_tensor_plan", plan)
     logger.info("tensor parallel: %d weights split over %d devices, %d layer calls split; "
                 "parameter bytes per device %.3f of the model's", len(plan.splits), plan.size,

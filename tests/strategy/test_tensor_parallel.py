@@ -60,7 +60,8 @@ def test_fit_trains_the_shards_to_one_devices_weights(single, mode, shard_device
     split_calls = [layer.name for layer in model._flatten_layers()
                    if {"call", "_compute_attention"} & set(vars(layer))]
     per_block = {"GPT2Backbone": 7, "LlamaBackbone": 8}[cls]  # q, k, v, out, attention, MLP
-    assert len(split_calls) == 2 * per_block and split_calls.count("self_attention") == 2
+    assert len(split_calls) == 2 * per_block + 1 and split_calls.count("self_attention") == 2
+    assert "token_embedding" in split_calls  # the lookup and the logits, per vocabulary shard
     assert max_weight_difference(expected.get_weights(), model.get_weights()) <= 1e-5
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
 
@@ -140,3 +141,25 @@ def test_a_model_not_built_is_refused():
         with pytest.raises(ConfigError, match=r"tensor=2 reads the built model, but layer\(s\) "
                                               r".*up, down of .* are not built"):
             hs.describe(model)
+
+
+def whole_reads(model, x, y) -> list[str]:
+    """The ops of one traced training step that join a split weight's shards (read it whole)."""
+    strategy = model.distribute_strategy
+    step = tf.function(lambda x, y: strategy.run(model.train_step, ((x, y),)))
+    graph = step.get_concrete_function(tf.nest.map_structure(tf.constant, x),
+                                       tf.constant(y)).graph
+    return [op.name for op in graph.get_operations() if op.type == "ConcatV2" and all(
+        source.op.type == "ReadVariableOp" for source in op.inputs[:-1])]
+
+
+@pytest.mark.parametrize("cls", ["GPT2Backbone", "LlamaBackbone"])
+def test_a_training_step_reads_no_split_weight_whole(cls):
+    keras.utils.set_random_seed(5)
+    with hybridpar.scope({"data_parallel": {"mode": "none"}, "model_parallel": {"tensor": 2}}):
+        model = causal_lm(cls)
+    x, ids = token_batch(8, vocabulary=64)
+    model.fit(x, ids, batch_size=8, verbose=0)
+    assert whole_reads(model, x, ids) == []
+    tensor_calls.uninstall(model)  # the class calls join the shards: lookup, logits, q/k/v...
+    assert len(whole_reads(model, x, ids)) >= 2 + 2 * 6
