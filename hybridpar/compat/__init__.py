@@ -16,7 +16,7 @@ The others patch Keras/TensorFlow attributes of their own
 ``chief_files``, ``legacy_keras``, ``sync_batch_norm``,
 ``sharded_optimizer`` (ZeRO stage 1), ``model_scope`` (models built outside
 the scope), the stage hooks ``stage_marks``/``stage_calls``/
-``stage_gradients``/``weight_gradient_split``, and the parameter-server
+``stage_gradients``/``weight_gradient_split``/``gradient_sums``, and the parameter-server
 fixes ``shard_views``, ``sharded_embedding``, ``sharded_numpy``,
 ``atomic_updates``): each patched function first asks whether the model or
 strategy at hand is hybridpar's and otherwise calls the original with the
@@ -48,6 +48,7 @@ from hybridpar.compat import (  # noqa: F401  (each module registers its fix)
     end_of_data_step,
     gradient_all_reduce,
     gradient_compression,
+    gradient_sums,
     legacy_keras,
     local_job,
     loss_scale_finiteness,

@@ -14,9 +14,11 @@ behaviours:
 - Stages (TF 2.21, ``cross_device_ops``): one batch all-reduce of values that
   live on different devices falls back to reducing them one by one, with a
   warning ("Efficient batch_reduce is not supported if destinations are
-  different") on every trace. With model-parallel stages each stage's
-  gradients live on that stage's devices, so they are reduced as one batch
-  per stage; the example count goes with stage 0.
+  different") on every trace, and its pack of values is joined on one
+  device. With model-parallel stages each stage's gradients live on that
+  stage's devices, and with tensor-parallel groups each shard's on its
+  shard's devices, so they are reduced as one batch per set of devices; the
+  example count goes with stage 0.
 - A leak: the all-reduce goes through ``replica_all_reduce``, which keeps no
   strategy alive.
 
@@ -61,8 +63,8 @@ def _exact(pairs: list[tuple[Any, Any]]) -> list[Any]:
 
 def _by_stage(state: StrategyState, pairs: list[tuple[Any, Any]],
               reduce_group: Callable[[list[tuple[Any, Any]]], list[Any]]) -> list[Any]:
-    """The all-reduced gradients of ``pairs``, one batch per group of devices (stage)."""
-    if state.stages == 1:
+    """The all-reduced gradients of ``pairs``, one batch per group of devices (stage, shard)."""
+    if state.stages == 1 and state.plan.mesh.tensor == 1:
         return reduce_group(pairs)
     stage_0 = frozenset(state.plan.mesh.stage_devices(0))
     groups: dict[frozenset[str], list[int]] = {}

@@ -196,6 +196,12 @@ def test_upstream_tape_gradient_ignores_the_forward_device():
     assert result["backward"] == [""], "upstream now places gradients: revisit the hook"
 
 
+def test_upstream_tape_sums_partial_gradients_off_their_device():
+    result = run_upstream("tape_sum_device")
+    assert result["partials"] == ["/device:CPU:1"], result
+    assert result["sums"] == [""], "upstream now sums where the partials are: revisit gradient_sums"
+
+
 @pytest.mark.slow
 def test_upstream_a_strategy_that_trained_is_never_collected():
     result = run_upstream("fit_keeps_the_strategy_alive")

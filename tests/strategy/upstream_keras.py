@@ -212,6 +212,30 @@ def tape_gradient_device() -> dict:
     }
 
 
+def tape_sum_device() -> dict:
+    """The device of the sum a tape builds of two partial gradients built on ``/cpu:1``."""
+    logical_cpus(2)
+
+    @tf.custom_gradient
+    def doubled(x):
+        def gradient(upstream):
+            with tf.device("/cpu:1"):
+                return tf.multiply(upstream, 2.0, name="partial")
+        return 2.0 * x, gradient
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(doubled(x) * doubled(x))
+        return tape.gradient(loss, x)
+
+    graph = step.get_concrete_function(tf.TensorSpec((2, 3))).graph
+    return {"partials": sorted({op.device for op in graph.get_operations()
+                                if op.name.endswith("partial")}),
+            "sums": [op.device for op in graph.get_operations() if op.type == "AddN"]}
+
+
 def fit_keeps_the_strategy_alive() -> dict:
     """After fit, is a MirroredStrategy collected once nothing refers to it?"""
     import gc
@@ -472,6 +496,7 @@ CASES = {
         device_scopes_and_slots,
         mirrored_variable_devices,
         tape_gradient_device,
+        tape_sum_device,
         eager_optional_ops,
         steps_per_execution_mirrored,
         jit_compile_mirrored,
@@ -484,3 +509,4 @@ CASES = {
 
 if __name__ == "__main__":
     print(json.dumps(CASES[sys.argv[1]]()), flush=True)
+

@@ -1,0 +1,75 @@
+"""A tape sums the partial gradients of a tensor on the devices that made them.
+
+Upstream (TF 2.21, ``_aggregate_grads`` in
+``tensorflow/python/eager/backprop.py``, registered with the C++ tape as the
+``aggregate_fn`` of its ``VSpace``): when a tensor feeds several ops, the
+tape adds their gradients with one ``AddN`` built under the device scope
+active at ``tape.gradient``, the replica's first device. With
+model-parallel stages and tensor-parallel shards the partials were built on
+their forward ops' devices (``stage_gradients``), so each partial crossed to
+the first device to be summed, and the sum crossed back when its consumer
+ran elsewhere: an activation used three times inside a shard (the tanh GELU)
+moved four times, and a block input read by the query, key and value
+projections of ``T`` shards moved ``3(T - 1)`` times instead of ``T - 1``.
+
+Under a hybridpar strategy this fix groups the dense partials by device,
+sums each group on its own device, and adds the group sums (one per device)
+where upstream adds everything. Partials on one device keep upstream's
+order, so their sum is the same bits on the right device; partials from
+several devices are summed in another order (rounding differs in the last
+bits). Installed with the ``stages`` group, registered with the C++ tape on
+install and the original registered again when removed.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python import pywrap_tfe
+from tensorflow.python.eager import backprop
+from tensorflow.python.framework import ops
+
+from hybridpar.compat.patching import Fix, Patch, register
+from hybridpar.state import state_of
+
+
+def _register_with_tape(aggregate: Any) -> None:
+    pywrap_tfe.TFE_Py_RegisterVSpace(backprop._default_vspace._replace(aggregate_fn=aggregate))
+
+
+def _by_device(gradients: list[Any]) -> dict[str, list[Any]] | None:
+    """The partials grouped by device, or ``None`` when one is not a placed dense tensor."""
+    groups: dict[str, list[Any]] = {}
+    for gradient in gradients:
+        if not isinstance(gradient, tf.Tensor) or not gradient.device:
+            return None
+        groups.setdefault(gradient.device, []).append(gradient)
+    return groups
+
+
+def _summed_where_made(original: Any) -> Any:
+    @functools.wraps(original)
+    def aggregate_grads(gradients):
+        groups = (_by_device(gradients) if len(gradients) > 1
+                  and state_of(tf.distribute.get_strategy()) is not None else None)
+        if groups is None:
+            return original(gradients)
+        sums = []
+        for device, partials in groups.items():
+            with ops.device(device):
+                sums.append(original(partials))
+        return sums[0] if len(sums) == 1 else original(sums)
+
+    return aggregate_grads
+
+
+FIX = register(Fix(
+    name="gradient_sums",
+    corrects="a GradientTape sums a tensor's partial gradients on the device active at "
+             "tape.gradient, not where the partials were built",
+    group="stages",
+    patches=(Patch(backprop, "_aggregate_grads", _summed_where_made,
+                   after=_register_with_tape),),
+))
