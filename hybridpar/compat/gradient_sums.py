@@ -12,13 +12,16 @@ ran elsewhere: an activation used three times inside a shard (the tanh GELU)
 moved four times, and a block input read by the query, key and value
 projections of ``T`` shards moved ``3(T - 1)`` times instead of ``T - 1``.
 
-Under a hybridpar strategy this fix groups the dense partials by device,
-sums each group on its own device, and adds the group sums (one per device)
-where upstream adds everything. Partials on one device keep upstream's
-order, so their sum is the same bits on the right device; partials from
-several devices are summed in another order (rounding differs in the last
-bits). Installed with the ``stages`` group, registered with the C++ tape on
-install and the original registered again when removed.
+Under a hybridpar strategy this fix sums partials that are all on one
+device on that device, in upstream's order (the same bits). With
+tensor-parallel groups it also groups partials from several devices by
+device, sums each group on its own device, and adds the group sums where
+upstream adds everything: another order, so rounding differs in the last
+bits. Without tensor-parallel groups such sums stay as upstream builds them,
+so a pipeline trains to the same bits as before (a residual that crosses
+stages has partials on two devices). Installed with the ``stages`` group;
+registered with the C++ tape on install, the original registered again when
+removed.
 """
 
 from __future__ import annotations
@@ -52,9 +55,9 @@ def _by_device(gradients: list[Any]) -> dict[str, list[Any]] | None:
 def _summed_where_made(original: Any) -> Any:
     @functools.wraps(original)
     def aggregate_grads(gradients):
-        groups = (_by_device(gradients) if len(gradients) > 1
-                  and state_of(tf.distribute.get_strategy()) is not None else None)
-        if groups is None:
+        state = state_of(tf.distribute.get_strategy()) if len(gradients) > 1 else None
+        groups = _by_device(gradients) if state is not None else None
+        if groups is None or (len(groups) > 1 and state.plan.mesh.tensor == 1):
             return original(gradients)
         sums = []
         for device, partials in groups.items():

@@ -143,12 +143,17 @@ def test_a_model_not_built_is_refused():
             hs.describe(model)
 
 
-def whole_reads(model, x, y) -> list[str]:
-    """The ops of one traced training step that join a split weight's shards (read it whole)."""
+def traced_step(model, x, y) -> tf.Graph:
+    """The graph of one training step of ``model`` on the batch ``(x, y)``."""
     strategy = model.distribute_strategy
     step = tf.function(lambda x, y: strategy.run(model.train_step, ((x, y),)))
-    graph = step.get_concrete_function(tf.nest.map_structure(tf.constant, x),
-                                       tf.constant(y)).graph
+    return step.get_concrete_function(tf.nest.map_structure(tf.constant, x),
+                                      tf.constant(y)).graph
+
+
+def whole_reads(model, x, y) -> list[str]:
+    """The ops of one traced training step that join a split weight's shards (read it whole)."""
+    graph = traced_step(model, x, y)
     return [op.name for op in graph.get_operations() if op.type == "ConcatV2" and all(
         source.op.type == "ReadVariableOp" for source in op.inputs[:-1])]
 
@@ -163,3 +168,17 @@ def test_a_training_step_reads_no_split_weight_whole(cls):
     assert whole_reads(model, x, ids) == []
     tensor_calls.uninstall(model)  # the class calls join the shards: lookup, logits, q/k/v...
     assert len(whole_reads(model, x, ids)) >= 2 + 2 * 6
+
+
+def test_gradient_partials_are_summed_on_the_devices_that_made_them():
+    keras.utils.set_random_seed(5)
+    with hybridpar.scope({"data_parallel": {"mode": "none"}, "model_parallel": {"tensor": 2}}):
+        model = causal_lm("GPT2Backbone")
+    x, ids = token_batch(8, vocabulary=64)
+    model.fit(x, ids, batch_size=8, verbose=0)
+    sums = [op for op in traced_step(model, x, ids).get_operations()
+            if op.type == "AddN"]
+    on_shard_1 = [op for op in sums if all("CPU:1" in i.device for i in op.inputs)]
+    assert on_shard_1 and all("CPU:1" in op.device for op in on_shard_1)  # GELU's 3 partials
+    mixed = [op for op in sums if len({i.device for i in op.inputs}) > 1]
+    assert mixed and all(len(op.inputs) == 2 for op in mixed)  # one sum per device, q/k/v too
