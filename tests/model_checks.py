@@ -125,6 +125,26 @@ def causal_lm(cls: str, **sizes: Any) -> keras.Model:
     return model
 
 
+def fit_causal_lm(config: dict, cls: str, examples: int = 36, epochs: int = 2,
+                  callbacks: Callable[[Any], list] | None = None) -> tuple[keras.Model, list]:
+    """``causal_lm(cls)`` built in ``hybridpar.scope(config)`` (seed 5) and fit on
+    ``examples`` token sequences (batch 8, vocabulary 64; callbacks from ``callbacks(hs)``).
+
+    Returns:
+        The model and its per-epoch losses.
+    """
+    import hybridpar
+
+    keras.utils.set_random_seed(5)
+    with hybridpar.scope(config) as hs:
+        model = causal_lm(cls)
+        extra = callbacks(hs) if callbacks is not None else []
+    x, ids = token_batch(examples, vocabulary=64)
+    history = model.fit(x, np.roll(ids, -1, axis=1), batch_size=8, epochs=epochs,
+                        shuffle=False, verbose=0, callbacks=extra)
+    return model, history.history["loss"]
+
+
 def token_batch(examples: int, vocabulary: int = 50, length: int = 8) -> tuple[dict, np.ndarray]:
     """``examples`` random token sequences as keras_hub inputs, and the token ids."""
     rng = np.random.default_rng(0)

@@ -7,7 +7,10 @@ parameter servers (a ``ShardedVariable``) is one part per shard, each a row
 slice of the logical tensor; the optimizer's slots of its shards (one slot
 set per shard, ``compat.shard_views``) are joined the same way, so a
 checkpoint written with 2 parameter servers restores into 3, or into one
-device, with its optimizer state. The slots ZeRO shards
+device, with its optimizer state; so are the slots of a tensor-parallel
+weight's shards (slices along the weight's split axis), so a checkpoint
+written with ``model_parallel.tensor: 2`` restores onto another ``T`` or
+onto one device. The slots ZeRO shards
 (``data_parallel.shard_optimizer_state``) are stored as the slots an
 unsharded optimizer has, each made of flat parts (``FlatPart``: a replica's
 shard holds any range of a slot's elements, stored as boxes,
@@ -20,17 +23,19 @@ import dataclasses
 from typing import Any
 
 from hybridpar.checkpoint.manifest import variable_spec
-from hybridpar.compat.shard_views import sharded
+from hybridpar.compat.shard_views import sharded, stored_in_shards
 from hybridpar.state import state_of
 
 
 @dataclasses.dataclass(frozen=True)
 class Part:
-    """One variable holding rows ``offset:offset+rows`` of a logical tensor (all: ``None``)."""
+    """One variable holding ``offset:offset+rows`` along ``axis`` of a logical tensor (all:
+    ``None``): rows of a parameter server's shard, or a tensor-parallel shard's slice."""
 
     variable: Any
     offset: int | None = None
     rows: int | None = None
+    axis: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,11 +69,11 @@ def _whole(variable: Any) -> Logical:
                    [Part(variable)])
 
 
-def _row_parts(variables: list[Any]) -> list[Part]:
+def _row_parts(variables: list[Any], axis: int = 0) -> list[Part]:
     parts, offset = [], 0
     for variable in variables:
-        rows = int(variable.shape[0])
-        parts.append(Part(variable, offset, rows))
+        rows = int(variable.shape[axis])
+        parts.append(Part(variable, offset, rows, axis))
         offset += rows
     return parts
 
@@ -123,7 +128,9 @@ def optimizer_variables(model: Any, variables: list[Any]) -> list[Logical]:
     for logical in result:
         if logical.joins is not None:
             shards = sorted(joined[logical.joins], key=lambda pair: pair[0])
-            logical.parts = _row_parts([variable for _, variable in shards])
+            table = next(t for _, t, _ in views if id(t) == logical.joins[0])
+            logical.parts = _row_parts([variable for _, variable in shards],
+                                       getattr(stored_in_shards(table), "axis", 0))
     return result + _sharded_slots(model)
 
 

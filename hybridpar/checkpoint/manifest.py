@@ -67,16 +67,17 @@ def data_file(shard: int, shards: int) -> str:
     return f"{STATE_PREFIX}.data-{shard:05d}-of-{shards:05d}"
 
 
-def slice_spec(full_shape: Sequence[int], offset: int | None, length: int | None) -> str:
-    """TensorFlow's ``shape_and_slice`` for rows ``offset:offset+length`` of a tensor.
+def slice_spec(full_shape: Sequence[int], offset: int | None, length: int | None,
+               axis: int = 0) -> str:
+    """TensorFlow's ``shape_and_slice`` for ``offset:offset+length`` along ``axis`` of a tensor.
 
     ``""`` (the whole tensor) when ``offset`` is ``None``.
     """
     if offset is None:
         return ""
     dims = " ".join(str(int(d)) for d in full_shape)
-    rest = ":".join("-" for _ in full_shape[1:])
-    return f"{dims} {offset},{length}" + (f":{rest}" if rest else "")
+    ranges = [f"{offset},{length}" if dim == axis else "-" for dim in range(len(full_shape))]
+    return f"{dims} {':'.join(ranges)}"
 
 
 def state_files(manifest: dict[str, Any]) -> list[str]:

@@ -99,7 +99,8 @@ def snapshot(groups: dict[str, list[Logical]]) -> list[Piece]:
                     pieces += _flat_pieces(key(group, index), logical, part)
                 else:
                     pieces.append(Piece(key(group, index),
-                                        slice_spec(logical.shape, part.offset, part.rows),
+                                        slice_spec(logical.shape, part.offset, part.rows,
+                                                   part.axis),
                                         read(part.variable)))
     return pieces
 
@@ -266,7 +267,7 @@ class BundleReader:
             with tf.device(f"{host}/device:CPU:0"):
                 if isinstance(part, FlatPart):
                     return self._flat(name, logical, part)
-                spec = slice_spec(logical.shape, part.offset, part.rows)
+                spec = slice_spec(logical.shape, part.offset, part.rows, part.axis)
                 return gen_io_ops.restore_v2(self.prefix, [name], [spec],
                                              [tf.as_dtype(logical.dtype)])[0]
         except tf.errors.NotFoundError as err:
@@ -319,7 +320,9 @@ class ArrayReader:
         value = self.arrays[name]
         if isinstance(part, FlatPart):
             return np.reshape(value, [-1])[part.start:part.start + part.length]
-        return value if part.offset is None else value[part.offset:part.offset + part.rows]
+        if part.offset is None:
+            return value
+        return np.take(value, range(part.offset, part.offset + part.rows), axis=part.axis)
 
     def array(self, name: str, dtype: str) -> np.ndarray:
         return self.arrays[name]

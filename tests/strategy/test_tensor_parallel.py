@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from model_checks import causal_lm, max_weight_difference, token_batch
+from model_checks import causal_lm, fit_causal_lm, max_weight_difference, token_batch
 
 import hybridpar
 from hybridpar.errors import ConfigError
@@ -24,13 +24,7 @@ EXAMPLES = 36  # the last batch of 8 has 4 examples: 2 per replica
 
 
 def train(config: dict, cls: str):
-    keras.utils.set_random_seed(5)
-    with hybridpar.scope(config):
-        model = causal_lm(cls)
-    x, ids = token_batch(EXAMPLES, vocabulary=64)
-    history = model.fit(x, np.roll(ids, -1, axis=1), batch_size=8, epochs=2, shuffle=False,
-                        verbose=0)
-    return model, history.history["loss"]
+    return fit_causal_lm(config, cls, EXAMPLES)
 
 
 def devices(variable) -> list[str]:
