@@ -9,7 +9,7 @@ onto one device and onto 4 shards, and one device's onto 2 shards.
 import keras
 import pytest
 import tensorflow as tf
-from model_checks import fit_causal_lm, max_weight_difference
+from model_checks import causal_lm, fit_causal_lm, max_weight_difference
 
 from hybridpar.parallel.split_variable import SplitVariable
 
@@ -83,3 +83,11 @@ def test_a_checkpoint_resumes_onto_another_tensor_size(single, tmp_path, first, 
     expected, _ = single
     assert int(resumed.optimizer.iterations.numpy()) == 2 * 5  # 36 examples: 5 batches
     assert max_weight_difference(expected.get_weights(), resumed.get_weights()) <= 1e-5
+
+
+def test_weights_saved_from_shards_load_into_plain_keras(tmp_path):
+    model, _ = fit_causal_lm(MIRRORED, "GPT2Backbone")
+    model.save_weights(tmp_path / "split.weights.h5")
+    plain = causal_lm("GPT2Backbone")  # no hybridpar scope
+    plain.load_weights(tmp_path / "split.weights.h5")
+    assert max_weight_difference(model.get_weights(), plain.get_weights()) == 0.0
