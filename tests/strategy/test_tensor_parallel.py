@@ -1,6 +1,6 @@
 """``model_parallel.tensor: 2`` through ``hybridpar.scope`` and plain ``model.fit``.
 
-keras_hub GPT-2 (tied vocabulary) and Llama (grouped heads, untied output) built from
+keras_hub GPT-2 (tied vocabulary), Llama (grouped heads, untied output) and BERT built from
 tiny configs, with no layout rule written: once built, their attention heads, MLP
 columns/rows and vocabulary are stored as shards on each group's 2 devices (4 logical
 CPUs: 2 replicas x 2 shards, or one replica on 2 devices under mode ``none``), the
@@ -176,3 +176,38 @@ def test_gradient_partials_are_summed_on_the_devices_that_made_them():
     assert on_shard_1 and all("CPU:1" in op.device for op in on_shard_1)  # GELU's 3 partials
     mixed = [op for op in sums if len({i.device for i in op.inputs}) > 1]
     assert mixed and all(len(op.inputs) == 2 for op in mixed)  # one sum per device, q/k/v too
+
+
+def bert_classifier() -> keras.Model:
+    """A keras_hub BERT backbone from a tiny config under a 3-class head on its pooled output."""
+    keras_hub = pytest.importorskip("keras_hub", reason="keras_hub is not installed in the venv")
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=64, num_layers=2, num_heads=4, hidden_dim=16, intermediate_dim=32,
+        max_sequence_length=8, dropout=0.0)
+    inputs = {name: keras.Input((8,), dtype=dtype, name=name) for name, dtype in
+              (("token_ids", "int32"), ("segment_ids", "int32"), ("padding_mask", "bool"))}
+    model = keras.Model(inputs, keras.layers.Dense(3, name="classifier")(
+        backbone(inputs)["pooled_output"]))
+    model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_bert_trains_to_one_devices_weights_with_no_rule_written():
+    x, ids = token_batch(EXAMPLES, vocabulary=64)
+    x["segment_ids"] = np.zeros_like(ids)
+    labels = ids[:, 0] % 3
+    trained = {}
+    for name, config in (("single", {"data_parallel": {"mode": "none"}}),
+                         ("split", {"data_parallel": {"mode": "mirrored"},
+                                    "model_parallel": {"tensor": 2}})):
+        keras.utils.set_random_seed(5)
+        with hybridpar.scope(config):
+            model = bert_classifier()
+        model.fit(x, labels, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        trained[name] = model
+    split_calls = [layer.name for layer in trained["split"]._flatten_layers()
+                   if {"call", "_compute_attention"} & set(vars(layer))]
+    assert len(split_calls) == 2 * 7 + 1  # q, k, v, out, attention, MLP per block; embedding
+    assert max_weight_difference(trained["single"].get_weights(),
+                                 trained["split"].get_weights()) <= 1e-5
