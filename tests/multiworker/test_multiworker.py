@@ -299,3 +299,28 @@ def test_hybrid_2_workers_x_2_stages_pipelined_trains_like_one_device(
         assert sorted(set(map(tuple, slots.values()))) == (
             [("CPU:0",), ("CPU:1",)] if shard else [])
         assert worker["shard_variables"] == []
+
+
+def test_2_workers_of_2_shards_train_gpt2_like_one_device(tmp_path):
+    pytest.importorskip("keras_hub", reason="keras_hub is not installed in the venv")
+    command = [sys.executable, str(SCRIPT.with_name("train_tensor.py"))]
+    result = subprocess.run(
+        [*launch_command(), "--workers", "2", "--timeout", "240", "--",
+         *command, "--out", str(tmp_path / "cluster")],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env=environment(HYBRIDPAR_LOGICAL_CPUS="2"),
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    single = subprocess.run([*command, "--out", str(tmp_path / "single")], capture_output=True,
+                            text=True, env=environment(), timeout=300)
+    assert single.returncode == 0, single.stderr[-4000:]
+
+    workers = results(tmp_path / "cluster")
+    reference = results(tmp_path / "single")["single"]
+    assert [(w["mode"], w["num_replicas"]) for w in workers.values()] == [("multi_worker", 2)] * 2
+    for worker in workers.values():
+        assert "transformer_layer_0/feedforward_intermediate_dense/kernel" in worker["shards"]
+        assert all(devices == ["CPU:0", "CPU:1"] for devices in worker["shards"].values())
+    assert max_weight_diff(workers["worker-0"], workers["worker-1"]) == 0.0
+    assert max_weight_diff(workers["worker-0"], reference) <= 1e-5
+    assert workers["worker-0"]["loss"] == pytest.approx(reference["loss"], rel=1e-5)
