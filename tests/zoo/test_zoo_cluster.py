@@ -70,6 +70,7 @@ TWO_WORKER_ROWS = [f"{name}:{feed}" for name in ("MobileNetV2", "BertTextClassif
                                                  "GPT2CausalLM") for feed in ("numpy", "tf.data")]
 
 
+@pytest.mark.zoo_heavy  # about 5 minutes: make test-zoo-heavy runs it
 def test_zoo_on_two_workers(tmp_path, record_property):
     files = tmp_path / "files"
     files.mkdir()

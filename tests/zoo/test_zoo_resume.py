@@ -51,7 +51,9 @@ def state(model: keras.Model) -> list:
     return model.get_weights() + [v.numpy() for v in model.optimizer.variables]
 
 
-@pytest.mark.parametrize("name", ["MobileNetV2", "BertTextClassifier"])
+@pytest.mark.parametrize("name", [
+    pytest.param("MobileNetV2", marks=pytest.mark.zoo_heavy),  # over 2 minutes
+    "BertTextClassifier"])
 def test_a_crashed_run_resumes_to_the_uninterrupted_weights(name, tmp_path, caplog):
     zoo = MODELS[name]
     reference, _ = train(zoo, tmp_path / "reference")
