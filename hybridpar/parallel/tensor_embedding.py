@@ -91,7 +91,7 @@ def embedding_call(layer: Any, stage: int, original: Callable[..., Any]) -> Call
         state = running_state(stage)
         if state is None:
             return original(inputs, *args, **kwargs)
-        if reversible and (kwargs.get("reverse") or (args and args[0])):
+        if reversible and kwargs.get("reverse", args[0] if args else False):
             return _logits(layer, state, stage, inputs)
         ids = tf.convert_to_tensor(inputs)
         if ids.dtype not in (tf.int32, tf.int64):

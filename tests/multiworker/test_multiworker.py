@@ -10,6 +10,7 @@ import pathlib
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import portpicker
@@ -48,6 +49,31 @@ def results(out: pathlib.Path) -> dict[str, dict]:
 def max_weight_diff(a: dict, b: dict) -> float:
     return max(float(np.max(np.abs(np.array(x) - np.array(y))))
                for x, y in zip(a["weights"], b["weights"], strict=True))
+
+
+def two_workers_and_one_device(tmp_path: pathlib.Path, script: str, *args: str,
+                               cluster_only: Sequence[str] = ()) -> tuple[dict, dict]:
+    """Runs ``scripts/<script> ARGS`` on 2 launched workers of 2 logical CPUs each (with
+    ``cluster_only`` too) and alone on one device; checks both succeeded and the workers
+    trained one replica each of a 2-replica multi_worker strategy.
+
+    Returns:
+        Each worker's results by task, and the one-device run's.
+    """
+    command = [sys.executable, str(SCRIPT.with_name(script)), *args]
+    result = subprocess.run(
+        [*launch_command(), "--workers", "2", "--timeout", "240", "--",
+         *command, *cluster_only, "--out", str(tmp_path / "cluster")],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env=environment(HYBRIDPAR_LOGICAL_CPUS="2"),
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    single = subprocess.run([*command, "--out", str(tmp_path / "single")], capture_output=True,
+                            text=True, env=environment(), timeout=300)
+    assert single.returncode == 0, single.stderr[-4000:]
+    workers = results(tmp_path / "cluster")
+    assert [(w["mode"], w["num_replicas"]) for w in workers.values()] == [("multi_worker", 2)] * 2
+    return workers, results(tmp_path / "single")["single"]
 
 
 def test_two_workers_train_like_one_process(tmp_path, digits_data_dir):
@@ -269,22 +295,9 @@ def test_workers_given_different_cluster_specs_fail_fast(tmp_path):
 def test_hybrid_2_workers_x_2_stages_pipelined_trains_like_one_device(
     schedule, shard, tmp_path, digits_data_dir
 ):
-    script = SCRIPT.with_name("train_hybrid.py")
-    command = [sys.executable, str(script), "--data_dir", digits_data_dir, "--schedule", schedule]
-    result = subprocess.run(
-        [*launch_command(), "--workers", "2", "--timeout", "240", "--",
-         *command, *(["--shard"] if shard else []), "--out", str(tmp_path / "cluster")],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-        env=environment(HYBRIDPAR_LOGICAL_CPUS="2"),
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    single = subprocess.run([*command, "--out", str(tmp_path / "single")], capture_output=True,
-                            text=True, env=environment(), timeout=300)
-    assert single.returncode == 0, single.stderr[-4000:]
-
-    workers = results(tmp_path / "cluster")
-    reference = results(tmp_path / "single")["single"]
-    assert [(w["mode"], w["num_replicas"]) for w in workers.values()] == [("multi_worker", 2)] * 2
+    workers, reference = two_workers_and_one_device(
+        tmp_path, "train_hybrid.py", "--data_dir", digits_data_dir, "--schedule", schedule,
+        cluster_only=["--shard"] if shard else [])
     for worker in workers.values():
         for path, devices in worker["devices"].items():
             on_stage_1 = path.split("/")[-1].startswith(("block_1", "head")) or path.startswith(
@@ -303,21 +316,7 @@ def test_hybrid_2_workers_x_2_stages_pipelined_trains_like_one_device(
 
 def test_2_workers_of_2_shards_train_gpt2_like_one_device(tmp_path):
     pytest.importorskip("keras_hub", reason="keras_hub is not installed in the venv")
-    command = [sys.executable, str(SCRIPT.with_name("train_tensor.py"))]
-    result = subprocess.run(
-        [*launch_command(), "--workers", "2", "--timeout", "240", "--",
-         *command, "--out", str(tmp_path / "cluster")],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-        env=environment(HYBRIDPAR_LOGICAL_CPUS="2"),
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    single = subprocess.run([*command, "--out", str(tmp_path / "single")], capture_output=True,
-                            text=True, env=environment(), timeout=300)
-    assert single.returncode == 0, single.stderr[-4000:]
-
-    workers = results(tmp_path / "cluster")
-    reference = results(tmp_path / "single")["single"]
-    assert [(w["mode"], w["num_replicas"]) for w in workers.values()] == [("multi_worker", 2)] * 2
+    workers, reference = two_workers_and_one_device(tmp_path, "train_tensor.py")
     for worker in workers.values():
         assert "transformer_layer_0/feedforward_intermediate_dense/kernel" in worker["shards"]
         assert all(devices == ["CPU:0", "CPU:1"] for devices in worker["shards"].values())
