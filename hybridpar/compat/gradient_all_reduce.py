@@ -17,8 +17,10 @@ behaviours:
   different") on every trace, and its pack of values is joined on one
   device. With model-parallel stages each stage's gradients live on that
   stage's devices, and with tensor-parallel groups each shard's on its
-  shard's devices, so they are reduced as one batch per set of devices; the
-  example count goes with stage 0.
+  shard's devices, so they are reduced as one batch per set of devices,
+  launched on those devices (``hybridpar.parallel.device_groups``: upstream
+  launches every collective on the replica's first device); the example
+  count goes with stage 0.
 - A leak: the all-reduce goes through ``replica_all_reduce``, which keeps no
   strategy alive.
 
@@ -28,6 +30,7 @@ With ``communication.compression`` each stage group is all-reduced by
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -38,14 +41,22 @@ from keras.src.backend.tensorflow import optimizer as keras_tf_optimizer
 from hybridpar.compat.patching import Fix, Patch, register
 from hybridpar.compat.replica_share import current_share
 from hybridpar.parallel import all_reduce as replica_all_reduce
+from hybridpar.parallel import device_groups
 from hybridpar.state import StrategyState, state_of
 
 
+def _on_device_of(value: Any) -> Any:
+    return tf.device(value.device) if value.device else contextlib.nullcontext()
+
+
 def _rescaled(gradient: Any, factor: tf.Tensor) -> Any:
+    """``gradient`` times ``factor``, on the gradient's device (a stage's, a shard's)."""
     if isinstance(gradient, tf.IndexedSlices):
-        values = gradient.values * tf.cast(factor, gradient.values.dtype)
+        with _on_device_of(gradient.values):
+            values = gradient.values * tf.cast(factor, gradient.values.dtype)
         return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
-    return gradient * tf.cast(factor, gradient.dtype)
+    with _on_device_of(gradient):
+        return gradient * tf.cast(factor, gradient.dtype)
 
 
 def _local_devices(variable: Any) -> frozenset[str]:
@@ -57,23 +68,27 @@ def _local_devices(variable: Any) -> frozenset[str]:
     )
 
 
-def _exact(pairs: list[tuple[Any, Any]]) -> list[Any]:
-    return replica_all_reduce.all_reduce_sum([gradient for gradient, _ in pairs])
+def _exact(pairs: list[tuple[Any, Any]], group: Any = None) -> list[Any]:
+    return replica_all_reduce.all_reduce_sum([gradient for gradient, _ in pairs], group=group)
 
 
 def _by_stage(state: StrategyState, pairs: list[tuple[Any, Any]],
-              reduce_group: Callable[[list[tuple[Any, Any]]], list[Any]]) -> list[Any]:
-    """The all-reduced gradients of ``pairs``, one batch per group of devices (stage, shard)."""
-    if state.stages == 1 and state.plan.mesh.tensor == 1:
-        return reduce_group(pairs)
-    stage_0 = frozenset(state.plan.mesh.stage_devices(0))
+              reduce_group: Callable[[list[tuple[Any, Any]], Any], list[Any]]) -> list[Any]:
+    """The all-reduced gradients of ``pairs``, one batch per group of devices (stage, shard),
+    each launched on its own devices (``device_groups``)."""
+    mesh = state.plan.mesh
+    if state.stages == 1 and mesh.tensor == 1:
+        return reduce_group(pairs, None)
+    stage_0 = frozenset(mesh.stage_devices(0))
     groups: dict[frozenset[str], list[int]] = {}
     for index, (_, variable) in enumerate(pairs):
         key = stage_0 if variable is None else _local_devices(variable)
         groups.setdefault(key, []).append(index)
+    collectives = device_groups.device_groups(tf.distribute.get_strategy(), mesh)
     reduced: list[Any] = [None] * len(pairs)
-    for indices in groups.values():
-        values = reduce_group([pairs[i] for i in indices])
+    for devices, indices in groups.items():
+        group = None if devices == stage_0 else collectives.get(devices)
+        values = reduce_group([pairs[i] for i in indices], group)
         for index, value in zip(indices, values, strict=True):
             reduced[index] = value
     return reduced

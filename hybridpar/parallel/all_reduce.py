@@ -34,8 +34,11 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.distribute import collective_util, cross_device_ops, distribute_lib
 
+from hybridpar.parallel import device_groups
 
-def all_reduce_sum(values: list[Any], *, in_branch: bool = False) -> list[Any]:
+
+def all_reduce_sum(values: list[Any], *, in_branch: bool = False,
+                   group: cross_device_ops.CollectiveAllReduce | None = None) -> list[Any]:
     """The replica-context SUM all-reduce of ``values``, without a registered gradient.
 
     Args:
@@ -47,15 +50,21 @@ def all_reduce_sum(values: list[Any], *, in_branch: bool = False) -> list[Any]:
             strategy has one); in eager mode, where ``tf.cond`` runs one branch
             in Python and replicas run one after another, the ``merge_call``
             path is taken.
+        group: the collectives to launch on in a traced step, when ``values``
+            live on other devices of the replica than the strategy's own
+            (``hybridpar.parallel.device_groups``); eagerly, the strategy's.
     """
     groups: dict[Any, list[int]] = {}
     for index, value in enumerate(values):
         groups.setdefault(value.dtype, []).append(index)
     reduced: list[Any] = [None] * len(values)
-    direct = in_branch and not tf.executing_eagerly()
+    graph = not tf.executing_eagerly()
     for indices in groups.values():
         batch = [values[i] for i in indices]
-        results = _launched(batch) if direct else _merged(batch)
+        if graph and group is not None:
+            results = _launched(batch, group)
+        else:
+            results = _launched(batch) if in_branch and graph else _merged(batch)
         for index, result in zip(indices, results, strict=True):
             reduced[index] = result
     return reduced
@@ -74,13 +83,12 @@ def _merged(values: list[Any]) -> list[Any]:
     return list(extended._replica_ctx_all_reduce(tf.distribute.ReduceOp.SUM, values, options))
 
 
-def _launched(values: list[Any]) -> list[Any]:
+def _launched(values: list[Any],
+              collectives: cross_device_ops.CollectiveAllReduce | None = None) -> list[Any]:
     context = tf.distribute.get_replica_context()
-    extended = context.strategy.extended
-    collectives = extended._cross_device_ops
-    if not isinstance(collectives, cross_device_ops.CollectiveAllReduce):
-        collectives = getattr(extended, "_collective_ops", None)
-    if not isinstance(collectives, cross_device_ops.CollectiveAllReduce):
+    if collectives is None:
+        collectives = device_groups.strategy_collectives(context.strategy)
+    if collectives is None:
         raise RuntimeError(
             f"{type(context.strategy).__name__} has no CollectiveAllReduce, so hybridpar cannot "
             "all-reduce inside a tf.cond branch."

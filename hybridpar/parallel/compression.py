@@ -127,8 +127,9 @@ class GradientCompression:
 
     # ------------------------------------------------------------------ the all-reduce
 
-    def reducer(self, optimizer: Any, present: Pairs) -> Callable[[Pairs], list[Any]]:
-        """The all-reduce of one stage group's pairs for ``optimizer``'s step.
+    def reducer(self, optimizer: Any, present: Pairs) -> Callable[[Pairs, Any], list[Any]]:
+        """The all-reduce of one stage group's pairs for ``optimizer``'s step: called with
+        the pairs and the group's collectives (``all_reduce.all_reduce_sum``'s ``group``).
 
         ``present`` (every gradient of the step) is reported once per optimizer.
         PowerSGD's state is created here if nothing created it before the
@@ -153,14 +154,14 @@ class GradientCompression:
         tf.distribute.get_replica_context().merge_call(create)
         return self.state_for(optimizer)
 
-    def _cast_reduce(self, pairs: Pairs) -> list[Any]:
+    def _cast_reduce(self, pairs: Pairs, group: Any = None) -> list[Any]:
         low = LOW_DTYPES[self.kind]
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
         cast = [variable is not None and gradient.dtype in FLOATING
                 for gradient, variable in pairs]
         sent = [to_wire(gradient, low, replicas) if c else gradient
                 for (gradient, _), c in zip(pairs, cast, strict=True)]
-        reduced = all_reduce_sum(sent)
+        reduced = all_reduce_sum(sent, group=group)
         return [from_wire(r, gradient.dtype, replicas) if c else r
                 for r, (gradient, _), c in zip(reduced, pairs, cast, strict=True)]
 

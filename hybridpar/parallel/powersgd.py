@@ -112,8 +112,9 @@ class PowerSGDState:
 
     # ------------------------------------------------------------------ the all-reduce
 
-    def reduce(self, pairs: list[tuple[Any, Any]]) -> list[Any]:
-        """The summed gradients of one stage group's ``(gradient, variable)`` pairs.
+    def reduce(self, pairs: list[tuple[Any, Any]], group: Any = None) -> list[Any]:
+        """The summed gradients of one stage group's ``(gradient, variable)`` pairs, on the
+        group's collectives (``all_reduce.all_reduce_sum``'s ``group``).
 
         Call it in replica context. Pairs whose variable is ``None`` (the
         example count) or has no PowerSGD state, and sparse gradients, are
@@ -124,14 +125,15 @@ class PowerSGDState:
                   and variable.ref() in self.entries]
         values = [gradient for gradient, _ in pairs]
         if not picked:
-            return all_reduce_sum(values)
+            return all_reduce_sum(values, group=group)
         if not self.warmup_steps:
-            return self._compressed(pairs, picked)
+            return self._compressed(pairs, picked, group)
         warm = tf.convert_to_tensor(self.iterations) < self.warmup_steps
-        return tf.cond(warm, lambda: all_reduce_sum(values, in_branch=True),
-                       lambda: self._compressed(pairs, picked))
+        return tf.cond(warm, lambda: all_reduce_sum(values, in_branch=True, group=group),
+                       lambda: self._compressed(pairs, picked, group))
 
-    def _compressed(self, pairs: list[tuple[Any, Any]], picked: list[int]) -> list[Any]:
+    def _compressed(self, pairs: list[tuple[Any, Any]], picked: list[int],
+                    group: Any = None) -> list[Any]:
         entries = [self.entries[pairs[i][1].ref()] for i in picked]
         gradients = [pairs[i][0] for i in picked]
         exact = [i for i in range(len(pairs)) if i not in set(picked)]
@@ -142,14 +144,14 @@ class PowerSGDState:
                 q_before.append(entry.q.read_value())
                 matrices.append(tf.reshape(gradient, entry.matrix) + before[-1])
                 ps.append(tf.matmul(matrices[-1], q_before[-1]))
-        first = all_reduce_sum(ps + [pairs[i][0] for i in exact], in_branch=True)
+        first = all_reduce_sum(ps + [pairs[i][0] for i in exact], in_branch=True, group=group)
         p_sums, exact_sums = first[:len(ps)], first[len(ps):]
         p_hats, q_locals = [], []
         for gradient, matrix, p_sum in zip(gradients, matrices, p_sums, strict=True):
             with tf.device(gradient.device or None):
                 p_hats.append(orthogonalize(p_sum))
                 q_locals.append(tf.matmul(matrix, p_hats[-1], transpose_a=True))
-        q_sums = all_reduce_sum(q_locals, in_branch=True)
+        q_sums = all_reduce_sum(q_locals, in_branch=True, group=group)
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in p_sums + q_sums])
         updates, approximations = [], []
         for k, (gradient, entry) in enumerate(zip(gradients, entries, strict=True)):

@@ -178,6 +178,22 @@ def test_gradient_partials_are_summed_on_the_devices_that_made_them():
     assert mixed and all(len(op.inputs) == 2 for op in mixed)  # one sum per device, q/k/v too
 
 
+def test_each_shards_gradients_are_all_reduced_on_its_own_devices():
+    with hybridpar.scope({"data_parallel": {"mode": "mirrored"}, "model_parallel": {"tensor": 2}}):
+        model = causal_lm("GPT2Backbone")
+    x, ids = token_batch(8, vocabulary=64)
+    model.fit(x, ids, batch_size=8, verbose=0)
+    reduces = [op for op in traced_step(model, x, ids).get_operations()
+               if op.type == "CollectiveReduceV2"]
+    by_device = {}
+    for op in reduces:
+        key = int(tf.get_static_value(op.inputs[2]))  # input, group_size, group_key, ...
+        by_device.setdefault(tf.DeviceSpec.from_string(op.device).device_index, set()).add(key)
+    assert sorted(by_device) == [0, 1, 2, 3]  # upstream launches all on CPU:0 and CPU:2
+    assert by_device[1] == by_device[3] and not by_device[1] & by_device[0]
+    assert all(op.inputs[0].device == op.device for op in reduces)
+
+
 def bert_classifier() -> keras.Model:
     """A keras_hub BERT backbone from a tiny config under a 3-class head on its pooled output."""
     keras_hub = pytest.importorskip("keras_hub", reason="keras_hub is not installed in the venv")
