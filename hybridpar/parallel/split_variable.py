@@ -23,6 +23,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import tensor_conversion_registry
 
+from hybridpar.errors import ConfigError
+
 
 class SplitVariable:
     """One logical variable made of ``len(shards)`` slices along ``axis``.
@@ -67,6 +69,19 @@ class SplitVariable:
         for shard, piece in zip(self.variables, pieces, strict=True):
             shard.assign(piece)
         return self
+
+    @property
+    def _unique_id(self) -> str:
+        """Raises ConfigError: only a ``tf.Variable`` has it, and a Keras optimizer reads it
+        when given this weight whole (it keys its slots by it)."""
+        raise ConfigError(
+            f"Weight {self.name!r} is split over {len(self.variables)} devices "
+            "(model_parallel.tensor), and an optimizer was given it whole "
+            "(optimizer.build(model.trainable_variables) or apply_gradients by hand), so its "
+            "slots would be whole. Let model.fit build the optimizer (one slot set per "
+            "shard, on the shard's device), or restore a hybridpar checkpoint, which builds "
+            "it the same way."
+        )
 
     def __repr__(self) -> str:
         return (f"<SplitVariable {self.name} shape={self.shape.as_list()} axis={self.axis} "

@@ -128,6 +128,15 @@ def test_an_optimizer_built_before_the_split_is_refused():
             hs.describe(model)
 
 
+def test_an_optimizer_built_by_hand_after_the_split_is_refused():
+    with hybridpar.scope({"model_parallel": {"tensor": 2}}) as hs:
+        model = causal_lm("GPT2Backbone")
+        hs.describe(model)
+        with pytest.raises(ConfigError, match=r"Weight '.*' is split over 2 devices .* an "
+                                              r"optimizer was given it whole"):
+            model.optimizer.build(model.trainable_variables)
+
+
 def test_a_model_not_built_is_refused():
     with hybridpar.scope({"model_parallel": {"tensor": 2}}) as hs:
         model = keras.Sequential([keras.layers.Dense(8, name="up"),
