@@ -16,7 +16,9 @@ in the running replica:
   keras_hub's ``CachedMultiHeadAttention``);
 - a *row* layer (input features or heads split) multiplies each input slice
   by its shard on that device and sums the partial outputs: Megatron's
-  all-reduce, on the group's first device.
+  all-reduce, on the group's first device. An input made from recorded slices
+  by elementwise ops (Llama's gated MLP) has those ops replayed per shard
+  (``slice_replay``).
 
 Each shard's ops open a ``hybridpar_stage<k>_shard<t>`` name scope, by which
 ``compat.stage_gradients`` builds their gradients on the same device. An
@@ -33,12 +35,14 @@ import dataclasses
 import functools
 import inspect
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import keras
 import tensorflow as tf
 
+from hybridpar.parallel import slice_replay
 from hybridpar.parallel.split_variable import SplitVariable
 from hybridpar.parallel.staging import shard_scope_name
 from hybridpar.state import state_of
@@ -76,15 +80,26 @@ def joined(parts: list[tf.Tensor], axis: int) -> tf.Tensor:
     return whole
 
 
-def slices_of(tensor: Any, axis: int, size: int) -> list[tf.Tensor]:
-    """``tensor`` in ``size`` slices along ``axis``: the recorded ones, or a split."""
+def slices_of(tensor: Any, axis: int, size: int,
+              place: Callable[[int], AbstractContextManager[Any]] | None = None
+              ) -> list[tf.Tensor]:
+    """``tensor`` in ``size`` slices along ``axis``: the recorded ones, those replayed from
+    recorded ones through elementwise ops (``slice_replay``, each shard's under
+    ``place(shard)``), or a split."""
     tensor = tf.convert_to_tensor(tensor)
     axis = axis % tensor.shape.rank
     table = _recorded()
-    found = table.get(tensor.ref()) if table is not None else None
-    if found is not None and found.axis == axis and len(found.parts) == size:
-        return list(found.parts)
-    return tf.split(tensor, size, axis)
+
+    def recorded(value: tf.Tensor) -> list[tf.Tensor] | None:
+        found = table.get(value.ref()) if table is not None else None
+        if found is not None and found.axis == axis and len(found.parts) == size:
+            return list(found.parts)
+        return None
+
+    found = recorded(tensor)
+    if found is None and place is not None and table is not None:
+        found = slice_replay.replayed(tensor, axis, size, recorded, place)
+    return found if found is not None else tf.split(tensor, size, axis)
 
 
 @contextlib.contextmanager
@@ -203,7 +218,8 @@ def _row_call(layer: Any, split: Kernel, stage: int, original: Any) -> Any:
         if state is None:
             return original(inputs, *args, **kwargs)
         kernels = shard_reads(layer._kernel, layer.compute_dtype)
-        pieces = slices_of(inputs, split.axis, len(kernels))
+        pieces = slices_of(inputs, split.axis, len(kernels),
+                           lambda shard: on_shard(state, stage, shard))
         partial = []
         for shard, (piece, kernel) in enumerate(zip(pieces, kernels, strict=True)):
             with on_shard(state, stage, shard):
