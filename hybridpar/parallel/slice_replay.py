@@ -131,3 +131,42 @@ def replayed(tensor: tf.Tensor, axis: int, size: int, recorded: Slices,
                                                                         operands, strict=True)]))
         plan[value.ref()] = parts
     return plan[tensor.ref()]
+
+
+def _constant(tensor: tf.Tensor) -> Any:
+    value = tf.get_static_value(tensor)
+    return None if value is None else value.tolist()
+
+
+def repeated(tensor: tf.Tensor, axis: int, recorded: Slices,
+             on_shard: Callable[[int], AbstractContextManager[Any]]) -> list[tf.Tensor] | None:
+    """``tensor`` as slices along ``axis`` when it is ``tf.repeat`` of recorded slices.
+
+    ``tf.repeat(x, r, axis=a)`` (``keras.ops.repeat``; grouped-query attention
+    repeats its key and value heads) is ``Reshape(Tile(ExpandDims(x, a + 1)))``.
+    Repeating each of ``x``'s contiguous slices along ``a`` gives the
+    contiguous slices of the repeated tensor, so each shard repeats its own.
+
+    Returns:
+        The slices, or ``None`` when ``tensor`` is not such a repeat along ``axis``.
+    """
+    if tensor.op.type != "Reshape" or tensor.op.inputs[0].op.type != "Tile":
+        return None
+    tile = tensor.op.inputs[0].op
+    if tile.inputs[0].op.type != "ExpandDims":
+        return None
+    source = tile.inputs[0].op.inputs[0]
+    parts = recorded(source)
+    if parts is None or _constant(tile.inputs[0].op.inputs[1]) != axis + 1:
+        return None
+    shape = source.shape.as_list()
+    times = (tensor.shape[axis] or 0) // (shape[axis] or 1)
+    if (times < 1 or tile.outputs[0].shape.as_list() != [*shape[:axis + 1], times,
+                                                         *shape[axis + 1:]]
+            or tensor.shape.as_list() != [*shape[:axis], shape[axis] * times, *shape[axis + 1:]]):
+        return None
+    result = []
+    for shard, part in enumerate(parts):
+        with on_shard(shard):
+            result.append(tf.repeat(part, times, axis=axis))
+    return result

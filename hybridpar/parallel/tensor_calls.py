@@ -13,7 +13,9 @@ in the running replica:
   split call reads them without joining;
 - an attention layer's ``_compute_attention`` runs once per shard of heads
   when its query, key and value come split (keras ``MultiHeadAttention`` and
-  keras_hub's ``CachedMultiHeadAttention``);
+  keras_hub's ``CachedMultiHeadAttention``; a key or value repeated for
+  grouped heads is repeated per shard, ``slice_replay.repeated``), and its
+  rotary embedding layer, which treats each head alike, once per shard;
 - a *row* layer (input features or heads split) multiplies each input slice
   by its shard on that device and sums the partial outputs: Megatron's
   all-reduce, on the group's first device. An input made from recorded slices
@@ -232,6 +234,31 @@ def _row_call(layer: Any, split: Kernel, stage: int, original: Any) -> Any:
     return call
 
 
+def _attention_inputs(tensors: list[Any], size: int, place: Any) -> list[Slices] | None:
+    """The recorded slices of an attention call's query, key and value (a key or value
+    may be a ``tf.repeat`` of recorded slices: grouped key/value heads), or ``None``."""
+    table = _recorded()
+    if table is None or any(t is None for t in tensors):
+        return None
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    query = table.get(tensors[0].ref())
+    if query is None or len(query.parts) != size or query.parts[0].shape.rank != 4:
+        return None
+
+    def recorded(value: tf.Tensor) -> list[tf.Tensor] | None:
+        found = table.get(value.ref())
+        return list(found.parts) if found is not None and found.axis == query.axis and len(
+            found.parts) == size else None
+
+    result = [query]
+    for tensor in tensors[1:]:
+        parts = recorded(tensor) or slice_replay.repeated(tensor, query.axis, recorded, place)
+        if parts is None:
+            return None
+        result.append(Slices(query.axis, tuple(parts)))
+    return result
+
+
 def _attention_call(stage: int, size: int, original: Any) -> Any:
     signature = inspect.signature(original)
 
@@ -239,13 +266,10 @@ def _attention_call(stage: int, size: int, original: Any) -> Any:
     def compute_attention(*args, **kwargs):
         state = running_state(stage)
         bound = signature.bind(*args, **kwargs)
-        tensors = [bound.arguments.get(name) for name in ("query", "key", "value")]
-        table = _recorded()
-        found = [table.get(tf.convert_to_tensor(t).ref()) if table is not None and t is not None
-                 else None for t in tensors]
-        if (state is None or None in found
-                or len({(f.axis, len(f.parts)) for f in found}) != 1
-                or found[0].parts[0].shape.rank != 4 or len(found[0].parts) != size):
+        found = None if state is None else _attention_inputs(
+            [bound.arguments.get(name) for name in ("query", "key", "value")], size,
+            lambda shard: on_shard(state, stage, shard))
+        if found is None:
             return original(*args, **kwargs)
         results = []
         for shard in range(size):
@@ -261,6 +285,26 @@ def _attention_call(stage: int, size: int, original: Any) -> Any:
         return joined(list(outputs), found[0].axis), score
 
     return compute_attention
+
+
+def _headwise_call(layer: Any, stage: int, original: Any) -> Any:
+    """A rotary embedding's call, run per shard on inputs recorded as slices of heads
+    (any axis but its sequence and feature axes: it treats each head alike)."""
+    @functools.wraps(original)
+    def call(inputs, *args, **kwargs):
+        state = running_state(stage)
+        table = _recorded()
+        found = table.get(tf.convert_to_tensor(inputs).ref()) if table is not None else None
+        if state is None or found is None or found.axis in layer._normalize_axes(
+                inputs.shape):
+            return original(inputs, *args, **kwargs)
+        parts = []
+        for shard, part in enumerate(found.parts):
+            with on_shard(state, stage, shard):
+                parts.append(original(part, *args, **kwargs))
+        return joined(parts, found.axis)
+
+    return call
 
 
 def _attention_layers(model: Any) -> Iterator[Any]:
@@ -293,9 +337,14 @@ def install(model: Any, stage_of: Any, size: int) -> int:
         object.__setattr__(layer, "call", wrap(layer, split, stage_of(layer), layer.call))
         replaced += 1
     for layer in _attention_layers(model):
+        stage = stage_of(layer._query_dense)
         if "_compute_attention" not in vars(layer):
             object.__setattr__(layer, "_compute_attention", _attention_call(
-                stage_of(layer._query_dense), size, layer._compute_attention))
+                stage, size, layer._compute_attention))
+            replaced += 1
+        rotary = getattr(layer, "rotary_embedding_layer", None)
+        if hasattr(rotary, "_normalize_axes") and "call" not in vars(rotary):
+            object.__setattr__(rotary, "call", _headwise_call(rotary, stage, rotary.call))
             replaced += 1
     return replaced
 

@@ -15,7 +15,7 @@ from model_checks import causal_lm, fit_causal_lm, max_weight_difference, token_
 
 import hybridpar
 from hybridpar.errors import ConfigError
-from hybridpar.parallel import tensor_calls
+from hybridpar.parallel import slice_replay, tensor_calls
 from hybridpar.parallel.split_variable import SplitVariable
 
 pytestmark = pytest.mark.strategy
@@ -53,7 +53,8 @@ def test_fit_trains_the_shards_to_one_devices_weights(single, mode, shard_device
     assert len(slots) == 2 * 2 * len(split)  # momentum and velocity of every shard
     split_calls = [layer.name for layer in model._flatten_layers()
                    if {"call", "_compute_attention"} & set(vars(layer))]
-    per_block = {"GPT2Backbone": 7, "LlamaBackbone": 8}[cls]  # q, k, v, out, attention, MLP
+    # q, k, v, out, attention, MLP (Llama: gated, and the rotary embedding per shard of heads)
+    per_block = {"GPT2Backbone": 7, "LlamaBackbone": 9}[cls]
     assert len(split_calls) == 2 * per_block + 1 and split_calls.count("self_attention") == 2
     assert "token_embedding" in split_calls  # the lookup and the logits, per vocabulary shard
     assert max_weight_difference(expected.get_weights(), model.get_weights()) <= 1e-5
@@ -171,6 +172,27 @@ def test_a_training_step_reads_no_split_weight_whole(cls):
     assert whole_reads(model, x, ids) == []
     tensor_calls.uninstall(model)  # the class calls join the shards: lookup, logits, q/k/v...
     assert len(whole_reads(model, x, ids)) >= 2 + 2 * 6
+
+
+def row_inputs_split(model, x, y) -> list[str]:
+    """The Split ops of a traced step that cut a row layer's input (a joined activation)."""
+    return [op.name for op in traced_step(model, x, y).get_operations()
+            if op.type == "Split" and ("attention_output" in op.name
+                                       or "feedforward_output" in op.name)]
+
+
+def test_llama_attention_and_gated_mlp_run_on_each_shards_slices(monkeypatch):
+    keras.utils.set_random_seed(5)
+    with hybridpar.scope({"data_parallel": {"mode": "none"}, "model_parallel": {"tensor": 2}}):
+        model = causal_lm("LlamaBackbone")
+    x, ids = token_batch(8, vocabulary=64)
+    model.fit(x, ids, batch_size=8, verbose=0)
+    assert row_inputs_split(model, x, ids) == []
+    # Without the replay of silu(gate) * up and of the key/value heads' repeat, both row
+    # layers of both blocks split an activation joined on the leader.
+    monkeypatch.setattr(slice_replay, "replayed", lambda *args: None)
+    monkeypatch.setattr(slice_replay, "repeated", lambda *args: None)
+    assert len(row_inputs_split(model, x, ids)) == 4
 
 
 def test_gradient_partials_are_summed_on_the_devices_that_made_them():
