@@ -52,9 +52,10 @@ def max_weight_diff(a: dict, b: dict) -> float:
 
 
 def two_workers_and_one_device(tmp_path: pathlib.Path, script: str, *args: str,
-                               cluster_only: Sequence[str] = ()) -> tuple[dict, dict]:
-    """Runs ``scripts/<script> ARGS`` on 2 launched workers of 2 logical CPUs each (with
-    ``cluster_only`` too) and alone on one device; checks both succeeded and the workers
+                               cluster_only: Sequence[str] = (), cpus: int = 2
+                               ) -> tuple[dict, dict]:
+    """Runs ``scripts/<script> ARGS`` on 2 launched workers of ``cpus`` logical CPUs each
+    (with ``cluster_only`` too) and alone on one device; checks both succeeded and the workers
     trained one replica each of a 2-replica multi_worker strategy.
 
     Returns:
@@ -65,7 +66,7 @@ def two_workers_and_one_device(tmp_path: pathlib.Path, script: str, *args: str,
         [*launch_command(), "--workers", "2", "--timeout", "240", "--",
          *command, *cluster_only, "--out", str(tmp_path / "cluster")],
         capture_output=True, text=True, cwd=ROOT, timeout=300,
-        env=environment(HYBRIDPAR_LOGICAL_CPUS="2"),
+        env=environment(HYBRIDPAR_LOGICAL_CPUS=str(cpus)),
     )
     assert result.returncode == 0, result.stderr[-4000:]
     single = subprocess.run([*command, "--out", str(tmp_path / "single")], capture_output=True,
@@ -314,12 +315,18 @@ def test_hybrid_2_workers_x_2_stages_pipelined_trains_like_one_device(
         assert worker["shard_variables"] == []
 
 
-def test_2_workers_of_2_shards_train_gpt2_like_one_device(tmp_path):
+@pytest.mark.parametrize("stages", [False, True], ids=["replicas", "stages_1f1b"])
+def test_2_workers_of_2_shards_train_gpt2_like_one_device(stages, tmp_path):
     pytest.importorskip("keras_hub", reason="keras_hub is not installed in the venv")
-    workers, reference = two_workers_and_one_device(tmp_path, "train_tensor.py")
+    workers, reference = two_workers_and_one_device(
+        tmp_path, "train_tensor.py", cluster_only=["--stages"] if stages else [],
+        cpus=4 if stages else 2)
     for worker in workers.values():
-        assert "transformer_layer_0/feedforward_intermediate_dense/kernel" in worker["shards"]
-        assert all(devices == ["CPU:0", "CPU:1"] for devices in worker["shards"].values())
+        shards = worker["shards"]
+        assert shards["transformer_layer_0/feedforward_intermediate_dense/kernel"] == [
+            "CPU:0", "CPU:1"]
+        assert shards["transformer_layer_1/feedforward_intermediate_dense/kernel"] == (
+            ["CPU:2", "CPU:3"] if stages else ["CPU:0", "CPU:1"])
     assert max_weight_diff(workers["worker-0"], workers["worker-1"]) == 0.0
     assert max_weight_diff(workers["worker-0"], reference) <= 1e-5
     assert workers["worker-0"]["loss"] == pytest.approx(reference["loss"], rel=1e-5)

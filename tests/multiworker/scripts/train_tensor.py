@@ -2,10 +2,12 @@
 
 Each worker trains one replica of a GPT-2 backbone built from a tiny config, its
 attention heads, MLP and vocabulary split over the worker's two logical CPUs
-(``model_parallel.tensor: 2``, HYBRIDPAR_LOGICAL_CPUS=2); without TF_CONFIG it trains
-on one device as the reference. 36 token sequences in batches of 8: the last batch of
-4 gives each worker 2. Writes `<out>/<task>.json` with the final weights, the losses
-and the local devices of every split weight's shards.
+(``model_parallel.tensor: 2``, HYBRIDPAR_LOGICAL_CPUS=2); with ``--stages``, in 2
+pipeline stages of 2 shards each on 4 logical CPUs, 2 microbatches on the 1F1B
+schedule. Without TF_CONFIG it trains on one device as the reference. 36 token
+sequences in batches of 8: the last batch of 4 gives each worker 2. Writes
+`<out>/<task>.json` with the final weights, the losses and the local devices of every
+split weight's shards.
 """
 
 import argparse
@@ -44,13 +46,15 @@ def shard_devices(variable) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
+    parser.add_argument("--stages", action="store_true")
     args = parser.parse_args()
+    pipeline = {"stages": 2, "microbatches": 2, "schedule": "1f1b"} if args.stages else {}
     task = os.environ.get("HYBRIDPAR_TASK", "single")
     clustered = "TF_CONFIG" in os.environ
     config = {
         "data": {"global_batch_size": 8, "shard_policy": "data"},
         "data_parallel": {"mode": "multi_worker"} if clustered else {"mode": "none"},
-        "model_parallel": {"tensor": 2} if clustered else {},
+        "model_parallel": {"tensor": 2, **pipeline} if clustered else {},
         "communication": {"timeout_seconds": 120},
     }
     ids = np.random.default_rng(0).integers(1, 64, (36, 8)).astype("int32")
