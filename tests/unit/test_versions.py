@@ -72,3 +72,20 @@ def test_make_test_versions_covers_exactly_the_supported_matrix(versions):
     supported = {(tf_line, keras_line) for tf_line, keras_lines in versions.SUPPORTED.items()
                  for keras_line in keras_lines}
     assert tested | {main} == supported
+
+
+def test_the_mode_subset_runs_on_the_oldest_tensorflow_and_the_oldest_keras(versions):
+    """make test-versions runs the subset across the modes on the ends of the matrix."""
+    root = VERSIONS.parents[2]
+    line = next(line for line in (root / "Makefile").read_text().splitlines()
+                if line.startswith("VERSION_MODE_PAIRS :="))
+    named = set(line.split(":=")[1].split())
+    environments = {path.stem: pinned_lines(path)
+                    for path in (root / "requirements").glob("versions/*.txt")}
+    assert named <= set(environments)
+    lines = [environments[name] for name in named]
+    release = lambda line: tuple(map(int, line.split(".")))  # noqa: E731
+    oldest_tf = min((tf_line for tf_line, _ in environments.values()), key=release)
+    oldest_keras = min((keras_line for _, keras_line in environments.values()), key=release)
+    assert any(tf_line == oldest_tf for tf_line, _ in lines)
+    assert any(keras_line == oldest_keras for _, keras_line in lines)
