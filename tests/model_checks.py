@@ -104,10 +104,29 @@ def tiny_keras_hub(cls: str) -> keras.Model:
         max_sequence_length=8, dropout=0.0)
 
 
-def causal_lm(cls: str, **sizes: Any) -> keras.Model:
+class DenseGradientAdam(keras.optimizers.Adam):
+    """Adam given every gradient dense.
+
+    Keras's TensorFlow backend applies an ``IndexedSlices`` gradient (an untied
+    embedding's) part by part: a token that occurs twice in a batch adds the squares
+    of its two parts to Adam's second moment, not the square of their sum. Sharded
+    optimizer state (ZeRO) reduce-scatters dense gradients, so its one-device reference
+    trains with this optimizer.
+    """
+
+    def apply(self, grads, trainable_variables=None):
+        import tensorflow as tf
+
+        dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                 for g in grads]
+        return super().apply(dense, trainable_variables)
+
+
+def causal_lm(cls: str, dense_gradients: bool = False, **sizes: Any) -> keras.Model:
     """A keras_hub backbone ``cls`` from a tiny config with its token embedding's reverse as
     the output layer (tied for GPT-2, untied for Llama), compiled with per-token
-    cross-entropy and Adam (skips without keras_hub)."""
+    cross-entropy and Adam (``DenseGradientAdam`` with ``dense_gradients``; skips without
+    keras_hub)."""
     import pytest
 
     keras_hub = pytest.importorskip("keras_hub", reason="keras_hub is not installed in the venv")
@@ -120,15 +139,18 @@ def causal_lm(cls: str, **sizes: Any) -> keras.Model:
               "padding_mask": keras.Input((8,), dtype="bool", name="padding_mask")}
     logits = backbone.token_embedding(backbone(inputs), reverse=True)
     model = keras.Model(inputs, logits)
-    model.compile(optimizer=keras.optimizers.Adam(1e-2),
+    optimizer = DenseGradientAdam if dense_gradients else keras.optimizers.Adam
+    model.compile(optimizer=optimizer(1e-2),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
 
 def fit_causal_lm(config: dict, cls: str, examples: int = 36, epochs: int = 2,
-                  callbacks: Callable[[Any], list] | None = None) -> tuple[keras.Model, list]:
-    """``causal_lm(cls)`` built in ``hybridpar.scope(config)`` (seed 5) and fit on
-    ``examples`` token sequences (batch 8, vocabulary 64; callbacks from ``callbacks(hs)``).
+                  callbacks: Callable[[Any], list] | None = None,
+                  dense_gradients: bool = False) -> tuple[keras.Model, list]:
+    """``causal_lm(cls, dense_gradients)`` built in ``hybridpar.scope(config)`` (seed 5) and
+    fit on ``examples`` token sequences (batch 8, vocabulary 64; callbacks from
+    ``callbacks(hs)``).
 
     Returns:
         The model and its per-epoch losses.
@@ -137,7 +159,7 @@ def fit_causal_lm(config: dict, cls: str, examples: int = 36, epochs: int = 2,
 
     keras.utils.set_random_seed(5)
     with hybridpar.scope(config) as hs:
-        model = causal_lm(cls)
+        model = causal_lm(cls, dense_gradients)
         extra = callbacks(hs) if callbacks is not None else []
     x, ids = token_batch(examples, vocabulary=64)
     history = model.fit(x, np.roll(ids, -1, axis=1), batch_size=8, epochs=epochs,

@@ -62,6 +62,44 @@ def _replay(op: tf.Operation, inputs: list[tf.Tensor]) -> tf.Tensor:
     return getattr(tf.raw_ops, op.type)(**arguments, **attrs)
 
 
+def _walk(tensor: tf.Tensor, axis_from_end: int, recorded: Slices
+          ) -> tuple[dict[Any, Any], list[tf.Tensor]] | None:
+    """The ops to replay for ``tensor``, inputs first, and what each tensor is per shard
+    (recorded slices, or ``None`` for an operand every shard uses whole)."""
+    full = tensor.shape
+    plan: dict[Any, Any] = {}
+    order: list[tf.Tensor] = []
+    visits = [0]
+
+    def visit(value: tf.Tensor) -> bool:
+        key = value.ref()
+        if key in plan:
+            return True
+        visits[0] += 1
+        if visits[0] > 4 * MAX_OPS:
+            return False
+        found = recorded(value)
+        if found is not None or not _spans(value, axis_from_end):
+            plan[key] = found  # None: used whole by every shard
+            return True
+        op = value.op
+        if value.shape != full:
+            return False
+        if op.type in PASS_THROUGH:
+            sources = [op.inputs[value.value_index]]
+        elif op.type in ELEMENTWISE and len(op.outputs) == 1:
+            sources = list(op.inputs)
+        else:
+            return False
+        if not all(visit(source) for source in sources):
+            return False
+        order.append(value)
+        plan[key] = []
+        return True
+
+    return (plan, order) if visit(tensor) and order else None
+
+
 def replayed(tensor: tf.Tensor, axis: int, size: int, recorded: Slices,
              on_shard: Callable[[int], AbstractContextManager[Any]]) -> list[tf.Tensor] | None:
     """``tensor`` as ``size`` slices along ``axis``, replayed from recorded slices.
@@ -79,45 +117,12 @@ def replayed(tensor: tf.Tensor, axis: int, size: int, recorded: Slices,
         operand spanning the split axis comes from no recorded slices, or more
         than ``4 * MAX_OPS`` tensors would have to be looked at.
     """
-    full = tensor.shape
-    if full.rank is None or not full.is_fully_defined():
+    if tensor.shape.rank is None or not tensor.shape.is_fully_defined():
         return None
-    axis_from_end = axis - full.rank
-    plan: dict[Any, list[tf.Tensor] | None] = {}
-    order: list[tf.Tensor] = []
-    visits = [0]
-
-    def visit(value: tf.Tensor) -> bool:
-        key = value.ref()
-        if key in plan:
-            return True
-        visits[0] += 1
-        if visits[0] > 4 * MAX_OPS:
-            return False
-        found = recorded(value)
-        if found is not None:
-            plan[key] = found
-            return True
-        if not _spans(value, axis_from_end):
-            plan[key] = None  # used whole by every shard
-            return True
-        op = value.op
-        if value.shape != full:
-            return False
-        if op.type in PASS_THROUGH:
-            sources = [op.inputs[value.value_index]]
-        elif op.type in ELEMENTWISE and len(op.outputs) == 1:
-            sources = list(op.inputs)
-        else:
-            return False
-        if not all(visit(source) for source in sources):
-            return False
-        order.append(value)
-        plan[key] = []
-        return True
-
-    if not visit(tensor) or not order:
+    walked = _walk(tensor, axis - tensor.shape.rank, recorded)
+    if walked is None:
         return None
+    plan, order = walked
     for value in order:
         if value.op.type in PASS_THROUGH:
             plan[value.ref()] = plan[value.op.inputs[value.value_index].ref()]

@@ -315,12 +315,14 @@ def test_hybrid_2_workers_x_2_stages_pipelined_trains_like_one_device(
         assert worker["shard_variables"] == []
 
 
-@pytest.mark.parametrize("stages", [False, True], ids=["replicas", "stages_1f1b"])
-def test_2_workers_of_2_shards_train_gpt2_like_one_device(stages, tmp_path):
+@pytest.mark.parametrize("backbone, stages", [
+    ("GPT2Backbone", False), ("GPT2Backbone", True), ("LlamaBackbone", False)],
+    ids=["gpt2", "gpt2_stages_1f1b", "llama"])
+def test_2_workers_of_2_shards_train_like_one_device(backbone, stages, tmp_path):
     pytest.importorskip("keras_hub", reason="keras_hub is not installed in the venv")
     workers, reference = two_workers_and_one_device(
-        tmp_path, "train_tensor.py", cluster_only=["--stages"] if stages else [],
-        cpus=4 if stages else 2)
+        tmp_path, "train_tensor.py", "--backbone", backbone,
+        cluster_only=["--stages"] if stages else [], cpus=4 if stages else 2)
     for worker in workers.values():
         shards = worker["shards"]
         assert shards["transformer_layer_0/feedforward_intermediate_dense/kernel"] == [

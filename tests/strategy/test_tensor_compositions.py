@@ -1,9 +1,10 @@
 """``model_parallel.tensor: 2`` with the other modes, on keras_hub GPT-2 and 4 logical CPUs.
 
 Stages (replicas x stages x tensor, GPipe and 1F1B microbatches), microbatches across
-replicas, ZeRO's sharded optimizer state and mixed precision each train through plain
-``model.fit`` to one device's weights; hybridpar checkpoints written with 2 shards resume
-onto one device and onto 4 shards, and one device's onto 2 shards.
+replicas and ZeRO's sharded optimizer state (each on GPT-2 and Llama), and mixed
+precision each train through plain ``model.fit`` to one device's weights; hybridpar
+checkpoints written with 2 shards resume onto one device and onto 4 shards, and one
+device's onto 2 shards.
 """
 
 import keras
@@ -24,6 +25,12 @@ def single():
     return fit_causal_lm(ONE_DEVICE, "GPT2Backbone")
 
 
+@pytest.fixture(scope="module", params=["GPT2Backbone", "LlamaBackbone"])
+def single_of(request):
+    """A backbone class and its one-device training (weights, losses)."""
+    return request.param, fit_causal_lm(ONE_DEVICE, request.param)
+
+
 def shard_devices(model, suffix: str) -> list[str]:
     variable = next(v for v in model.weights if v.path.endswith(suffix))
     assert isinstance(variable._value, SplitVariable)
@@ -31,11 +38,12 @@ def shard_devices(model, suffix: str) -> list[str]:
             for s in variable._value.variables]
 
 
-@pytest.mark.parametrize("pipeline", [{}, {"microbatches": 2, "schedule": "1f1b"}])
-def test_stages_of_shards_train_to_one_device(single, pipeline):
-    expected, expected_loss = single
+@pytest.mark.parametrize("pipeline", [{}, {"microbatches": 2, "schedule": "1f1b"}],
+                         ids=["stages", "1f1b"])
+def test_stages_of_shards_train_to_one_device(single_of, pipeline):
+    cls, (expected, expected_loss) = single_of
     model, loss = fit_causal_lm({"data_parallel": {"mode": "none"}, "model_parallel": {
-        "stages": 2, "tensor": 2, **pipeline}}, "GPT2Backbone")
+        "stages": 2, "tensor": 2, **pipeline}}, cls)
     assert shard_devices(model, "transformer_layer_0/feedforward_intermediate_dense/kernel") \
         == ["CPU:0", "CPU:1"]
     assert shard_devices(model, "transformer_layer_1/feedforward_intermediate_dense/kernel") \
@@ -44,14 +52,22 @@ def test_stages_of_shards_train_to_one_device(single, pipeline):
     assert loss == pytest.approx(expected_loss, rel=1e-5)
 
 
-@pytest.mark.parametrize("extra", [{"model_parallel": {"tensor": 2, "microbatches": 2}},
-                                   {"data_parallel": {"mode": "mirrored",
-                                                      "shard_optimizer_state": True}}],
-                         ids=["microbatches", "zero"])
-def test_replicas_of_shards_with_microbatches_or_zero_train_to_one_device(single, extra):
-    expected, expected_loss = single
-    config = {key: {**MIRRORED.get(key, {}), **extra.get(key, {})} for key in MIRRORED}
-    model, loss = fit_causal_lm(config, "GPT2Backbone")
+def test_replicas_of_shards_with_microbatches_train_to_one_device(single_of):
+    cls, (expected, expected_loss) = single_of
+    model, loss = fit_causal_lm({**MIRRORED, "model_parallel": {"tensor": 2, "microbatches": 2}},
+                                cls)
+    assert max_weight_difference(expected.get_weights(), model.get_weights()) <= 1e-5
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
+
+
+@pytest.mark.parametrize("cls", ["GPT2Backbone", "LlamaBackbone"])
+def test_replicas_of_shards_with_zero_train_to_one_device_on_dense_gradients(cls):
+    # ZeRO reduce-scatters dense gradients; Llama's untied embedding gets an IndexedSlices
+    # one, which Keras's Adam would apply per token occurrence (model_checks.DenseGradientAdam)
+    expected, expected_loss = fit_causal_lm(ONE_DEVICE, cls, dense_gradients=True)
+    config = {"data_parallel": {"mode": "mirrored", "shard_optimizer_state": True},
+              "model_parallel": {"tensor": 2}}
+    model, loss = fit_causal_lm(config, cls)
     assert max_weight_difference(expected.get_weights(), model.get_weights()) <= 1e-5
     assert loss == pytest.approx(expected_loss, rel=1e-5)
 

@@ -1,6 +1,7 @@
 """Tensor-parallel `model.fit` of keras_hub GPT-2 on a multi-worker cluster (or alone).
 
-Each worker trains one replica of a GPT-2 backbone built from a tiny config, its
+Each worker trains one replica of a GPT-2 (``--backbone LlamaBackbone``: Llama)
+backbone built from a tiny config (``model_checks.causal_lm``), its
 attention heads, MLP and vocabulary split over the worker's two logical CPUs
 (``model_parallel.tensor: 2``, HYBRIDPAR_LOGICAL_CPUS=2); with ``--stages``, in 2
 pipeline stages of 2 shards each on 4 logical CPUs, 2 microbatches on the 1F1B
@@ -14,28 +15,19 @@ import argparse
 import json
 import os
 import pathlib
+import sys
 
 import keras
-import keras_hub
 import numpy as np
 import tensorflow as tf
 
 import hybridpar  # joins the TF_CONFIG cluster before the first TensorFlow op below
 from hybridpar.parallel.split_variable import SplitVariable
 
+sys.path.insert(0, str(pathlib.Path(__file__).parents[2]))  # tests/: the shared helpers
+from model_checks import causal_lm
+
 hybridpar.log_to_stderr()
-
-
-def causal_lm() -> keras.Model:
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=64, num_layers=2, num_heads=4, hidden_dim=16, intermediate_dim=32,
-        max_sequence_length=8, dropout=0.0)
-    inputs = {"token_ids": keras.Input((8,), dtype="int32", name="token_ids"),
-              "padding_mask": keras.Input((8,), dtype="bool", name="padding_mask")}
-    model = keras.Model(inputs, backbone.token_embedding(backbone(inputs), reverse=True))
-    model.compile(optimizer=keras.optimizers.Adam(1e-2),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
 
 
 def shard_devices(variable) -> list[str]:
@@ -47,6 +39,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--stages", action="store_true")
+    parser.add_argument("--backbone", default="GPT2Backbone",
+                        choices=["GPT2Backbone", "LlamaBackbone"])
     args = parser.parse_args()
     pipeline = {"stages": 2, "microbatches": 2, "schedule": "1f1b"} if args.stages else {}
     task = os.environ.get("HYBRIDPAR_TASK", "single")
@@ -62,7 +56,7 @@ def main() -> None:
     dataset = tf.data.Dataset.from_tensor_slices((x, np.roll(ids, -1, axis=1))).batch(8)
     keras.utils.set_random_seed(5)
     with hybridpar.scope(config) as hs:
-        model = causal_lm()
+        model = causal_lm(args.backbone)
     history = model.fit(dataset, epochs=2, verbose=2)
     result = {
         "task": task, "mode": hs.mode, "num_replicas": hs.num_replicas,
