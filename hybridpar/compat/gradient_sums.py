@@ -13,7 +13,10 @@ moved four times, and a block input read by the query, key and value
 projections of ``T`` shards moved ``3(T - 1)`` times instead of ``T - 1``.
 
 Under a hybridpar strategy this fix sums partials that are all on one
-device on that device, in upstream's order (the same bits). With
+device on that device, in upstream's order (the same bits); an
+``IndexedSlices`` partial (an embedding lookup's) counts as on its values'
+device, so a tied embedding shard's lookup and logits gradients are made
+dense and added on the shard's device (upstream: on the first device). With
 tensor-parallel groups it also groups partials from several devices by
 device, sums each group on its own device, and adds the group sums where
 upstream adds everything: another order, so rounding differs in the last
@@ -42,13 +45,22 @@ def _register_with_tape(aggregate: Any) -> None:
     pywrap_tfe.TFE_Py_RegisterVSpace(backprop._default_vspace._replace(aggregate_fn=aggregate))
 
 
+def _device_of(gradient: Any) -> str:
+    """The device of a dense partial or of an ``IndexedSlices``'s values ("" if neither)."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return gradient.values.device
+    return gradient.device if isinstance(gradient, tf.Tensor) else ""
+
+
 def _by_device(gradients: list[Any]) -> dict[str, list[Any]] | None:
-    """The partials grouped by device, or ``None`` when one is not a placed dense tensor."""
+    """The partials grouped by device, or ``None`` when one is not placed (or is neither a
+    tensor nor an ``IndexedSlices``)."""
     groups: dict[str, list[Any]] = {}
     for gradient in gradients:
-        if not isinstance(gradient, tf.Tensor) or not gradient.device:
+        device = _device_of(gradient)
+        if not device:
             return None
-        groups.setdefault(gradient.device, []).append(gradient)
+        groups.setdefault(device, []).append(gradient)
     return groups
 
 

@@ -67,15 +67,13 @@ def _lookup(state: Any, stage: int, tables: list[tf.Tensor], ids: tf.Tensor) -> 
 
 def _logits(layer: Any, state: Any, stage: int, inputs: Any) -> tf.Tensor:
     dtype = layer.reverse_dtype or layer.compute_dtype
-    if layer.tie_weights:
-        kernels = [tf.transpose(t) for t in shard_reads(layer._embeddings, dtype)]
-    else:
-        kernels = shard_reads(layer.reverse_embeddings, dtype)
+    tied = layer.tie_weights  # rows of the table are the logits' columns: transpose_b
+    kernels = shard_reads(layer._embeddings if tied else layer.reverse_embeddings, dtype)
     inputs = tf.cast(inputs, dtype)
     parts = []
     for shard, kernel in enumerate(kernels):
         with on_shard(state, stage, shard):
-            logits = tf.matmul(inputs, kernel)
+            logits = tf.matmul(inputs, kernel, transpose_b=tied)
             if layer.logit_soft_cap is not None:
                 logits = tf.tanh(logits / layer.logit_soft_cap) * layer.logit_soft_cap
             parts.append(logits)

@@ -207,6 +207,10 @@ def test_gradient_partials_are_summed_on_the_devices_that_made_them():
     assert on_shard_1 and all("CPU:1" in op.device for op in on_shard_1)  # GELU's 3 partials
     mixed = [op for op in sums if len({i.device for i in op.inputs}) > 1]
     assert mixed and all(len(op.inputs) == 2 for op in mixed)  # one sum per device, q/k/v too
+    # the tied embedding shard's lookup gradient (IndexedSlices) is made dense on its shard
+    dense = [op for op in traced_step(model, x, ids).get_operations()
+             if op.type == "UnsortedSegmentSum" and "CPU:1" in op.inputs[0].device]
+    assert dense and all("CPU:1" in op.device for op in dense)
 
 
 def test_each_shards_gradients_are_all_reduced_on_its_own_devices():
