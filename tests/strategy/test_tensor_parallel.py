@@ -155,6 +155,17 @@ def traced_step(model, x, y) -> tf.Graph:
                                       tf.constant(y)).graph
 
 
+def fitted_on_one_batch(cls: str, mode: str = "none") -> tuple[keras.Model, dict, np.ndarray]:
+    """``causal_lm(cls)`` split over 2 devices per replica (seed 5) and fit on one batch of 8,
+    with that batch (``x``, token ids)."""
+    keras.utils.set_random_seed(5)
+    with hybridpar.scope({"data_parallel": {"mode": mode}, "model_parallel": {"tensor": 2}}):
+        model = causal_lm(cls)
+    x, ids = token_batch(8, vocabulary=64)
+    model.fit(x, ids, batch_size=8, verbose=0)
+    return model, x, ids
+
+
 def whole_reads(model, x, y) -> list[str]:
     """The ops of one traced training step that join a split weight's shards (read it whole)."""
     graph = traced_step(model, x, y)
@@ -164,11 +175,7 @@ def whole_reads(model, x, y) -> list[str]:
 
 @pytest.mark.parametrize("cls", ["GPT2Backbone", "LlamaBackbone"])
 def test_a_training_step_reads_no_split_weight_whole(cls):
-    keras.utils.set_random_seed(5)
-    with hybridpar.scope({"data_parallel": {"mode": "none"}, "model_parallel": {"tensor": 2}}):
-        model = causal_lm(cls)
-    x, ids = token_batch(8, vocabulary=64)
-    model.fit(x, ids, batch_size=8, verbose=0)
+    model, x, ids = fitted_on_one_batch(cls)
     assert whole_reads(model, x, ids) == []
     tensor_calls.uninstall(model)  # the class calls join the shards: lookup, logits, q/k/v...
     assert len(whole_reads(model, x, ids)) >= 2 + 2 * 6
@@ -182,11 +189,7 @@ def row_inputs_split(model, x, y) -> list[str]:
 
 
 def test_llama_attention_and_gated_mlp_run_on_each_shards_slices(monkeypatch):
-    keras.utils.set_random_seed(5)
-    with hybridpar.scope({"data_parallel": {"mode": "none"}, "model_parallel": {"tensor": 2}}):
-        model = causal_lm("LlamaBackbone")
-    x, ids = token_batch(8, vocabulary=64)
-    model.fit(x, ids, batch_size=8, verbose=0)
+    model, x, ids = fitted_on_one_batch("LlamaBackbone")
     assert row_inputs_split(model, x, ids) == []
     # Without the replay of silu(gate) * up and of the key/value heads' repeat, both row
     # layers of both blocks split an activation joined on the leader.
@@ -196,28 +199,21 @@ def test_llama_attention_and_gated_mlp_run_on_each_shards_slices(monkeypatch):
 
 
 def test_gradient_partials_are_summed_on_the_devices_that_made_them():
-    keras.utils.set_random_seed(5)
-    with hybridpar.scope({"data_parallel": {"mode": "none"}, "model_parallel": {"tensor": 2}}):
-        model = causal_lm("GPT2Backbone")
-    x, ids = token_batch(8, vocabulary=64)
-    model.fit(x, ids, batch_size=8, verbose=0)
-    sums = [op for op in traced_step(model, x, ids).get_operations()
-            if op.type == "AddN"]
+    model, x, ids = fitted_on_one_batch("GPT2Backbone")
+    operations = traced_step(model, x, ids).get_operations()
+    sums = [op for op in operations if op.type == "AddN"]
     on_shard_1 = [op for op in sums if all("CPU:1" in i.device for i in op.inputs)]
     assert on_shard_1 and all("CPU:1" in op.device for op in on_shard_1)  # GELU's 3 partials
     mixed = [op for op in sums if len({i.device for i in op.inputs}) > 1]
     assert mixed and all(len(op.inputs) == 2 for op in mixed)  # one sum per device, q/k/v too
     # the tied embedding shard's lookup gradient (IndexedSlices) is made dense on its shard
-    dense = [op for op in traced_step(model, x, ids).get_operations()
+    dense = [op for op in operations
              if op.type == "UnsortedSegmentSum" and "CPU:1" in op.inputs[0].device]
     assert dense and all("CPU:1" in op.device for op in dense)
 
 
 def test_each_shards_gradients_are_all_reduced_on_its_own_devices():
-    with hybridpar.scope({"data_parallel": {"mode": "mirrored"}, "model_parallel": {"tensor": 2}}):
-        model = causal_lm("GPT2Backbone")
-    x, ids = token_batch(8, vocabulary=64)
-    model.fit(x, ids, batch_size=8, verbose=0)
+    model, x, ids = fitted_on_one_batch("GPT2Backbone", "mirrored")
     reduces = [op for op in traced_step(model, x, ids).get_operations()
                if op.type == "CollectiveReduceV2"]
     by_device = {}
